@@ -1,0 +1,35 @@
+"""Which eager tensor backs each compiled-decode constant.
+
+Owns: the map written to the manifest, from AOTInductor's constant names to the eager model's
+parameter/buffer paths and the safetensors keys. Matching is by tensor identity, so tied weights
+(one tensor under several names) resolve to the one stored copy.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from runtime.errors import ExportError
+from runtime.manifest import Constant
+
+
+def _by_identity(module: nn.Module) -> dict[int, list[str]]:
+    paths: dict[int, list[str]] = {}
+    named = list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
+    for path, tensor in named:
+        paths.setdefault(id(tensor), []).append(path)
+    return paths
+
+
+def constant_sources(step: nn.Module, model: nn.Module, names, stored_keys: set[str]) -> tuple[Constant, ...]:
+    step_tensors = dict(step.named_parameters(remove_duplicate=False)) | dict(step.named_buffers(remove_duplicate=False))
+    model_paths = _by_identity(model)
+    constants = []
+    for name in sorted(names):
+        tensor = step_tensors.get(name)
+        paths = model_paths.get(id(tensor), []) if tensor is not None else []
+        if not paths:
+            raise ExportError(f"compiled constant {name!r} is not a parameter or buffer of {type(model).__name__}")
+        key = next((p for p in paths if p in stored_keys), None)
+        constants.append(Constant(name=name, module_path=paths[0], safetensors_key=key))
+    return tuple(constants)

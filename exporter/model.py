@@ -1,0 +1,74 @@
+"""Loading the checkpoint eagerly and describing its decode-time shape.
+
+Owns: choosing the transformers class (causal LM or image-text-to-text), locating a VLM's text
+decoder and `lm_head`, refusing models without a supported decode cache, and the per-layer cache
+layout (full-length or sliding ring buffer) derived from the text config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+from transformers.cache_utils import get_layer_types_and_kwargs
+from transformers.configuration_utils import get_head_shapes
+
+from exporter.decode_step import DecodeStep, TextHead
+from runtime.cache import FULL, SLIDING, LayerLayout
+from runtime.errors import ExportError
+
+
+def is_multimodal(config) -> bool:
+    return getattr(config, "vision_config", None) is not None
+
+
+def load_model(checkpoint: Path, dtype: str, device: str) -> nn.Module:
+    config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
+    auto = AutoModelForImageTextToText if is_multimodal(config) else AutoModelForCausalLM
+    try:
+        model = auto.from_pretrained(
+            checkpoint, dtype=getattr(torch, dtype), local_files_only=True, attn_implementation="sdpa"
+        )
+    except ValueError as e:  # transformers' "Unrecognized configuration class ..."
+        raise ExportError(f"{type(config).__name__} has no causal-LM or image-text-to-text class: {e}") from e
+    return model.to(device).eval()
+
+
+def text_config(model: nn.Module):
+    return model.config.get_text_config(decoder=True)
+
+
+def cache_layout(model: nn.Module, max_cache_len: int) -> tuple[LayerLayout, ...]:
+    """One LayerLayout per decoder layer; refuses layer kinds the decode step cannot hold."""
+    config = text_config(model)
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
+    num_kv_heads, head_dim = get_head_shapes(config)
+    n = len(layer_types)
+    heads = num_kv_heads if isinstance(num_kv_heads, list) else [num_kv_heads] * n
+    dims = head_dim if isinstance(head_dim, list) else [head_dim] * n
+    layout = []
+    for kind, kwargs, h, d in zip(layer_types, layer_kwargs, heads, dims):
+        if kind == FULL:
+            layout.append(LayerLayout(FULL, max_cache_len, None, h, d))
+        elif kind == SLIDING:
+            window = kwargs["sliding_window"]
+            layout.append(LayerLayout(SLIDING, min(window, max_cache_len), window, h, d))
+        else:
+            raise ExportError(
+                f"{type(model).__name__} has a {kind!r} layer; aotpack's decode cache supports only "
+                f"{FULL!r} and {SLIDING!r} layers"
+            )
+    if len({layer.window for layer in layout if layer.kind == SLIDING}) > 1:
+        raise ExportError(f"{type(model).__name__} mixes several sliding windows; aotpack supports one window per model")
+    return tuple(layout)
+
+
+def decode_module(model: nn.Module, layout) -> DecodeStep:
+    """The decode step over the text path only: a VLM's vision tower stays out of the graph."""
+    if not getattr(model, "_supports_cache_class", True) or not hasattr(model, "generate"):
+        raise ExportError(f"{type(model).__name__} has no generation KV cache; aotpack exports decoder LMs only")
+    if is_multimodal(model.config):
+        return DecodeStep(TextHead(model.get_decoder(), model.get_output_embeddings()), layout, is_text_head=True)
+    return DecodeStep(model, layout, is_text_head=False)

@@ -1,0 +1,69 @@
+"""The export-time parity gate: eager HF `generate` against eager prefill + the compiled decode.
+
+Owns: the parity report in the manifest. The compiled decode is fed the reference's own tokens
+(teacher forcing), so one early difference cannot hide the rest, and every step's raw logits are
+compared. A failed gate fails the export: no bundle is written.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.cache import allocate
+from runtime.errors import ExportError
+from runtime.manifest import Parity
+from runtime.prefill import prefill, prompt_positions
+
+# Allowed max |logit difference|, relative to the largest reference logit (at least 1).
+RELATIVE_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
+
+
+def parity_prompt(tokenizer, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A left-padded batch: row i drops i leading tokens (ids (b, S), mask (b, S))."""
+    ids = tokenizer("Why is the sky blue? Compilers turn programs into machine code.", return_tensors="pt").input_ids
+    ids = ids.repeat(batch, 1).to(device)
+    mask = torch.ones_like(ids)
+    for row in range(batch):
+        mask[row, : min(row, ids.shape[1] - 1)] = 0
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return ids.masked_fill(mask == 0, pad), mask
+
+
+@torch.inference_mode()
+def check_parity(model, decode, layout, tokenizer, dtype: str, batch: int, steps: int, max_cache_len: int) -> Parity:
+    device = next(model.parameters()).device
+    ids, mask = parity_prompt(tokenizer, min(batch, 2), device)
+    steps = min(steps, max_cache_len - ids.shape[1])
+    ref = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+        output_logits=True, return_dict_in_generate=True,
+    )
+    ref_tokens = ref.sequences[:, ids.shape[1] :]  # (b, steps)
+    ours = _teacher_forced(model, decode, layout, ids, mask, ref_tokens, dtype, max_cache_len)
+    diff = max((o - r.float()).abs().max().item() for o, r in zip(ours, ref.logits))
+    scale = max(1.0, max(r.float().abs().max().item() for r in ref.logits))
+    tolerance = RELATIVE_TOLERANCE[dtype] * scale
+    match = all(torch.equal(o.argmax(-1), r.argmax(-1)) for o, r in zip(ours, ref.logits))
+    report = Parity(steps=steps, max_abs_logit_diff=diff, tolerance=tolerance, tokens_match=match)
+    if diff > tolerance or (dtype == "float32" and not match):
+        raise ExportError(
+            f"parity check failed: compiled decode differs from eager generate by {diff:.3g} "
+            f"(tolerance {tolerance:.3g}), tokens match: {match}; no bundle was written"
+        )
+    return report
+
+
+def _teacher_forced(model, decode, layout, ids, mask, tokens, dtype, max_cache_len) -> list[torch.Tensor]:
+    batch, seq = ids.shape
+    kv = allocate(layout, batch, getattr(torch, dtype), ids.device)
+    positions = prompt_positions(mask)
+    logits = [prefill(model, kv, layout, ids, mask, positions)]  # each (b, vocab)
+    pad_mask = torch.zeros(batch, max_cache_len, dtype=torch.bool, device=ids.device)
+    pad_mask[:, :seq] = mask.bool()
+    position = positions[:, -1:]
+    for step in range(tokens.shape[1] - 1):
+        pad_mask[:, seq + step] = True
+        position = position + 1
+        index = torch.tensor([seq + step], device=ids.device)
+        logits.append(decode(tokens[:, step : step + 1].contiguous(), position, index, pad_mask, kv))
+    return logits

@@ -1,0 +1,112 @@
+"""Reading and checking a bundle directory before anything in it is executed.
+
+Owns: path safety, sha256 verification, and the compatibility checks between the bundle and this
+process (torch build, device, CPU ISA). AOTInductor checks none of these itself: a mismatched `.so`
+only warns, and a missing weight segfaults, so every check here runs before the `.so` is loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from runtime.errors import BundleError, IncompatibleBundleError, IntegrityError
+from runtime.manifest import DECODE, MANIFEST, Manifest
+
+# Executable content that only the manifest may bring into a bundle.
+_EXECUTABLE_SUFFIXES = (".pt2", ".so", ".py", ".pyc", ".pkl", ".pickle", ".bin", ".pt", ".pth")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(bundle: Path) -> Manifest:
+    bundle = Path(bundle)
+    if not bundle.is_dir():
+        raise BundleError(f"bundle directory {str(bundle)!r} does not exist; run `aotpack export MODEL --out {bundle}`")
+    path = bundle / MANIFEST
+    if not path.is_file():
+        raise BundleError(f"{path} is missing: {bundle} is not a complete aotpack bundle; re-export it")
+    return Manifest.from_json(path.read_text())
+
+
+def bundle_file(bundle: Path, name: str) -> Path:
+    """Resolve a manifest file name, refusing anything that could point outside the bundle."""
+    if not name or Path(name).is_absolute() or Path(name).name != name or name in (".", ".."):
+        raise IntegrityError(f"manifest file name {name!r} is not a plain file name inside the bundle")
+    path = bundle / name
+    if path.is_symlink():
+        raise IntegrityError(f"bundle file {name!r} is a symlink; bundles hold plain files only")
+    return path
+
+
+def verify_files(bundle: Path, manifest: Manifest) -> None:
+    """Check every listed file's sha256, and that no unlisted executable content sits in the bundle."""
+    bundle = Path(bundle)
+    for name, digest in sorted(manifest.files.items()):
+        path = bundle_file(bundle, name)
+        if not path.is_file():
+            raise IntegrityError(f"bundle file {name!r} is missing from {bundle}; re-export the bundle")
+        actual = sha256(path)
+        if actual != digest:
+            raise IntegrityError(
+                f"bundle file {name!r} has sha256 {actual[:16]}…, manifest says {digest[:16]}…: "
+                "the file was altered or corrupted; re-export the bundle"
+            )
+    listed = set(manifest.files) | {MANIFEST}
+    for path in bundle.iterdir():
+        if path.name not in listed and (path.suffix in _EXECUTABLE_SUFFIXES or path.is_dir() or path.is_symlink()):
+            raise IntegrityError(f"{path.name!r} in {bundle} is not listed in the manifest; remove it or re-export")
+
+
+def check_compatible(manifest: Manifest) -> None:
+    """Refuse a bundle whose compiled decode cannot run correctly in this process."""
+    if manifest.torch_version != torch.__version__:
+        raise IncompatibleBundleError(
+            f"bundle was compiled with torch {manifest.torch_version}, this process has torch {torch.__version__}; "
+            f"install torch=={manifest.torch_version} or re-export the bundle with this torch"
+        )
+    if manifest.device == "cuda" and not torch.cuda.is_available():
+        raise IncompatibleBundleError(
+            "bundle was compiled for device 'cuda' but no CUDA device is available here; "
+            "run it on a GPU machine or re-export with --device cpu"
+        )
+    if manifest.device == "cpu":
+        _check_cpu_isa(manifest.cpu_isa)
+
+
+def cpu_isa_features() -> set[str]:
+    """Vector ISA features Inductor can use on this CPU, e.g. {'avx2', 'avx512'}."""
+    from torch._inductor import cpu_vec_isa
+
+    return {feature for isa in cpu_vec_isa.valid_vec_isa_list() for feature in str(isa).split()}
+
+
+def _check_cpu_isa(required: str | None) -> None:
+    needed = {f.lower() for f in (required or "").split()}
+    missing = needed - cpu_isa_features()
+    if missing:
+        raise IncompatibleBundleError(
+            f"bundle's decode was compiled for CPU ISA {required!r}, but this CPU lacks {sorted(missing)}; "
+            "re-export on this machine, or export with `--cpu-isa avx2` for a portable bundle"
+        )
+
+
+def open_bundle(path) -> tuple[Path, Manifest]:
+    """Read, verify and compatibility-check a bundle; returns (dir, manifest)."""
+    bundle = Path(path)
+    manifest = read_manifest(bundle)
+    verify_files(bundle, manifest)
+    check_compatible(manifest)
+    return bundle, manifest
+
+
+def decode_path(bundle: Path) -> Path:
+    return bundle / DECODE

@@ -1,0 +1,134 @@
+"""The KV cache aotpack shares between eager prefill and the compiled decode step.
+
+Owns: the per-layer cache layout (full-length or sliding ring buffer), allocating the tensors once, the
+`transformers.Cache` view that prefill and decode write through, and the decode-step attention masks.
+
+Why a ring buffer: transformers' `StaticSlidingWindowLayer` tracks its fill level in a Python int, which
+`torch.export` bakes in as a constant, so it cannot serve a position-generic decode step. Here a sliding
+layer holds `min(window, max_cache_len)` slots and token `t` always lives in slot `t % slots`; everything
+position-dependent is computed from the `cache_position` tensor, inside the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """One decoder layer's cache: its kind, slot count and head shapes."""
+
+    kind: str  # FULL or SLIDING
+    slots: int  # max_cache_len for FULL, min(window, max_cache_len) for SLIDING
+    window: int | None  # attention window in tokens (SLIDING only)
+    num_kv_heads: int
+    head_dim: int
+
+    def nbytes(self, batch: int, dtype: torch.dtype) -> int:
+        """Bytes of keys plus values for `batch` sequences."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * batch * self.num_kv_heads * self.slots * self.head_dim * itemsize
+
+
+def allocate(layout: tuple[LayerLayout, ...], batch: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """Allocate the cache once, flat as [k0, v0, k1, v1, ...]; each (batch, kv_heads, slots, head_dim)."""
+    tensors = []
+    for layer in layout:
+        shape = (batch, layer.num_kv_heads, layer.slots, layer.head_dim)
+        tensors += [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2)]
+    return tensors
+
+
+class SlotLayer(CacheLayerMixin):
+    """A view over one layer's preallocated keys and values.
+
+    Prefill (many tokens, from an empty cache) stores the tokens that the decode step will still need
+    and returns the fresh states, so prompt attention covers exactly the prompt as in HF's dynamic cache.
+    Decode (one token) writes slot `position % slots` and returns the whole buffer; the caller's mask
+    says which slots are live.
+    """
+
+    is_compileable = True
+
+    def __init__(self, keys, values, layout: LayerLayout, cache_position: torch.Tensor | None):
+        super().__init__()
+        self.keys, self.values = keys, values  # (B, kv_heads, slots, head_dim)
+        self.layout = layout
+        self.is_sliding = layout.kind == SLIDING
+        self.cache_position = cache_position  # (1,) int64 in decode, None in prefill
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        raise RuntimeError("aotpack cache layers are allocated up front")
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if self.cache_position is None:
+            return self._prefill(key_states, value_states)
+        slot = self.cache_position % self.layout.slots if self.is_sliding else self.cache_position
+        self.keys.index_copy_(2, slot, key_states)
+        self.values.index_copy_(2, slot, value_states)
+        return self.keys, self.values
+
+    def _prefill(self, key_states, value_states):
+        seq = key_states.shape[-2]
+        keep = min(seq, self.layout.slots)  # a ring keeps only its last `slots` tokens
+        slots = torch.arange(seq - keep, seq, device=key_states.device) % self.layout.slots
+        self.keys.index_copy_(2, slots, key_states[:, :, seq - keep :])
+        self.values.index_copy_(2, slots, value_states[:, :, seq - keep :])
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # Only prefill asks (decode passes prepared masks): attention spans the prompt alone.
+        return query_length, 0
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def get_max_length(self) -> int:
+        return self.layout.slots
+
+
+class SlotCache(Cache):
+    """`transformers.Cache` over aotpack's tensors; `cache_position=None` means prefill."""
+
+    def __init__(self, tensors, layout: tuple[LayerLayout, ...], cache_position: torch.Tensor | None = None):
+        layers = [
+            SlotLayer(tensors[2 * i], tensors[2 * i + 1], layer, cache_position) for i, layer in enumerate(layout)
+        ]
+        super().__init__(layers=layers)
+
+
+def decode_masks(pad_mask: torch.Tensor, cache_position: torch.Tensor, layout) -> dict[str, torch.Tensor]:
+    """Boolean SDPA masks (B, 1, 1, slots) for one decode step, keyed by layer kind.
+
+    pad_mask: (B, max_cache_len) bool, True where the absolute cache index holds a real token.
+    cache_position: (1,) int64, the absolute index being written now.
+    Slot j of a ring with n slots holds index t = p - ((p - j) mod n): the newest index <= p in that
+    slot. It is live when t >= 0 and not padding, which is exactly HF's `kv_idx > q_idx - window`.
+    """
+    masks = {}
+    for layer in layout:
+        if layer.kind in masks:
+            continue
+        slots = torch.arange(layer.slots, device=pad_mask.device)  # (slots,)
+        if layer.kind == FULL:
+            index = slots
+            live = slots <= cache_position
+        else:
+            index = cache_position - torch.remainder(cache_position - slots, layer.slots)
+            live = index >= 0
+        padded = pad_mask.index_select(1, index.clamp(min=0))  # (B, slots)
+        masks[layer.kind] = (padded & live)[:, None, None, :]
+    return masks
+
+
+def mask_argument(masks: dict[str, torch.Tensor]):
+    """What a model's `attention_mask` takes: mixed-kind models read a dict per layer kind; single-kind
+    models take a prepared 4D mask, which transformers' mask builders return as-is."""
+    return next(iter(masks.values())) if len(masks) == 1 else masks

@@ -1,0 +1,109 @@
+"""`aotpack run`: one chat turn from the command line, streamed to stdout with timings.
+
+Owns: turning --system/--prompt/--image into chat messages the way the bundle's processor expects,
+checking image files before any model work, and reporting prefill ms and decode ms/token.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.errors import ImageInputError, InvalidInputError
+from runtime.text import stream_text
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    bundle: Path
+    prompt: str
+    system: str | None = None
+    images: tuple[Path, ...] = ()
+    max_new_tokens: int = 64
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    threads: int | None = None
+
+    def __post_init__(self):
+        if not self.prompt:
+            raise InvalidInputError("--prompt is empty; give the text to answer")
+        if self.threads is not None and self.threads < 1:
+            raise InvalidInputError(f"--threads {self.threads} must be at least 1")
+
+    @property
+    def do_sample(self) -> bool:
+        return any(v is not None for v in (self.temperature, self.top_k, self.top_p))
+
+
+def open_images(paths) -> list:
+    """Open and fully decode each image file, so a bad file fails here and not inside the model."""
+    from PIL import Image, UnidentifiedImageError
+
+    images = []
+    for path in paths:
+        try:
+            with Image.open(path) as img:
+                images.append(img.convert("RGB"))
+        except FileNotFoundError:
+            raise ImageInputError(f"image file {str(path)!r} does not exist") from None
+        except (UnidentifiedImageError, OSError) as e:
+            raise ImageInputError(f"{str(path)!r} is not a readable image ({e}); pass a PNG, JPEG or other PIL format") from None
+    return images
+
+
+def build_messages(system: str | None, prompt: str, images: list) -> list[dict]:
+    """Chat messages in the multimodal layout: content is a list of typed items."""
+    messages = []
+    if system:
+        messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
+    content = [{"type": "image", "image": img} for img in images] + [{"type": "text", "text": prompt}]
+    messages.append({"role": "user", "content": content})
+    return messages
+
+
+def chat_inputs(rt, system: str | None, prompt: str, images: list) -> dict:
+    if images and not rt.manifest.is_multimodal:
+        raise ImageInputError(f"{len(images)} image(s) given, but {rt.manifest.model_class} is a text-only bundle")
+    if not rt.manifest.is_multimodal:  # plain-string content suits every text chat template
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    else:
+        messages = build_messages(system, prompt, images)
+    return dict(rt.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"))
+
+
+def run(config: RunConfig, out=sys.stdout) -> dict:
+    from runtime.runtime import load
+
+    images = open_images(config.images)
+    rt = load(config.bundle, num_threads=config.threads)
+    inputs = chat_inputs(rt, config.system, config.prompt, images)
+    generator = torch.Generator(rt.manifest.device).manual_seed(config.seed) if config.seed is not None else None
+    sampling = dict(do_sample=config.do_sample, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
+    start = time.perf_counter()
+    stamps = []
+    tokens = rt.iter_tokens(**inputs, max_new_tokens=config.max_new_tokens, generator=generator, **sampling)
+    for piece in _timed_text(rt.tokenizer, tokens, stamps):
+        out.write(piece)
+        out.flush()
+    prefill_ms = (stamps[0] - start) * 1e3
+    decode_ms = (stamps[-1] - stamps[0]) * 1e3 / max(len(stamps) - 1, 1)
+    print(f"\n[prefill {prefill_ms:.1f} ms, {inputs['input_ids'].shape[1]} tokens | decode {decode_ms:.2f} ms/token, "
+          f"{len(stamps)} tokens]", file=sys.stderr)
+    return {"prefill_ms": prefill_ms, "decode_ms_per_token": decode_ms, "new_tokens": len(stamps)}
+
+
+def _timed_text(tokenizer, tokens, stamps: list):
+    """stream_text over `tokens`, appending each token's arrival time to `stamps`."""
+
+    def timed():
+        for token in tokens:
+            stamps.append(time.perf_counter())
+            yield token
+
+    yield from stream_text(tokenizer, timed())

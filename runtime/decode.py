@@ -1,0 +1,96 @@
+"""The compiled single-token decode step, loaded from the bundle's `.pt2`.
+
+Owns: loading the AOTInductor package, lending it the eager model's weight tensors (no second copy),
+and calling it. AOTInductor validates nothing, so `CompiledDecode.__call__` checks shapes, dtypes,
+devices and contiguity of every input before the native call.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from runtime.errors import BundleError, InvalidInputError
+from runtime.manifest import Manifest
+
+
+def lend_constants(model: nn.Module, manifest: Manifest) -> dict[str, torch.Tensor]:
+    """Map each compiled constant to the eager model's own tensor, checking shape and dtype."""
+    tensors = {}
+    for const in manifest.constants:
+        try:
+            tensor = model.get_parameter(const.module_path)
+        except AttributeError:
+            try:
+                tensor = model.get_buffer(const.module_path)
+            except AttributeError:
+                raise BundleError(
+                    f"compiled constant {const.name!r} expects eager tensor {const.module_path!r}, which "
+                    f"{type(model).__name__} does not have; the bundle does not match its config, re-export it"
+                ) from None
+        tensors[const.name] = tensor.data
+    return tensors
+
+
+class CompiledDecode:
+    """input_ids (b, 1), position_ids (b, 1), cache_position (1,), pad_mask (b, L), kv -> logits (b, vocab)."""
+
+    def __init__(self, package: Path, model: nn.Module, manifest: Manifest):
+        self.manifest = manifest
+        constants = lend_constants(model, manifest)
+        self._check_constants(constants, model)
+        self._package = torch._inductor.aoti_load_package(str(package))
+        expected = set(self._package.get_constant_fqns())
+        if expected != set(constants):
+            raise BundleError(
+                f"compiled decode expects constants {sorted(expected - set(constants))[:5]} the manifest does "
+                "not provide; the bundle is inconsistent, re-export it"
+            )
+        # user_managed: the .so keeps our tensor handles, so eager prefill and decode share one copy.
+        self._package.load_constants(constants, check_full_update=True, user_managed=True)
+        self._run = self._package.loader.run  # avoids __call__'s per-step pytree flattening
+        self.device = torch.device(manifest.device)
+
+    def _check_constants(self, constants, model) -> None:
+        dtype = getattr(torch, self.manifest.dtype)
+        for name, t in constants.items():
+            if t.device.type != self.manifest.device:
+                raise BundleError(f"weight {name!r} is on {t.device}, the decode was compiled for {self.manifest.device}")
+            if t.is_floating_point() and t.dtype != dtype and "inv_freq" not in name:
+                raise BundleError(f"weight {name!r} is {t.dtype}, the decode was compiled for {dtype}")
+
+    def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> torch.Tensor:
+        self._check_inputs(input_ids, position_ids, cache_position, pad_mask, kv)
+        return self._run([input_ids, position_ids, cache_position, pad_mask, *kv])[0]
+
+    def _check_inputs(self, input_ids, position_ids, cache_position, pad_mask, kv) -> None:
+        m = self.manifest
+        batch = input_ids.shape[0]
+        if not 1 <= batch <= m.batch_size:
+            raise InvalidInputError(f"batch {batch} is outside this bundle's 1..{m.batch_size}; re-export with --batch-size {batch}")
+        _expect("input_ids", input_ids, (batch, 1), torch.long, self.device)
+        _expect("position_ids", position_ids, (batch, 1), torch.long, self.device)
+        _expect("cache_position", cache_position, (1,), torch.long, self.device)
+        _expect("pad_mask", pad_mask, (batch, m.max_cache_len), torch.bool, self.device)
+        if not 0 <= int(cache_position) < m.max_cache_len:
+            raise InvalidInputError(f"cache_position {int(cache_position)} is outside the cache's 0..{m.max_cache_len - 1}")
+        dtype = getattr(torch, m.dtype)
+        for i, layer in enumerate(m.cache_layout):
+            for j, name in enumerate(("keys", "values")):
+                shape = (batch, layer.num_kv_heads, layer.slots, layer.head_dim)
+                _expect(f"layer {i} {name}", kv[2 * i + j], shape, dtype, self.device)
+
+
+def _expect(name: str, t: torch.Tensor, shape, dtype, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise InvalidInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise InvalidInputError(f"{name} has shape {tuple(t.shape)}, the compiled decode needs {tuple(shape)}")
+    if t.dtype != dtype:
+        raise InvalidInputError(f"{name} has dtype {t.dtype}, the compiled decode needs {dtype}")
+    if t.device.type != device.type:
+        raise InvalidInputError(f"{name} is on {t.device}, the compiled decode runs on {device}")
+    if not t.is_contiguous():
+        raise InvalidInputError(f"{name} is not contiguous; call .contiguous() first")

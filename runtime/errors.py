@@ -1,0 +1,44 @@
+"""Every exception aotpack raises on purpose.
+
+Owns: the error hierarchy. Each names the bad value and the fix; catching `AotpackError` catches all.
+"""
+
+
+class AotpackError(Exception):
+    """Base class of aotpack's own errors."""
+
+
+class BundleError(AotpackError):
+    """A bundle is missing, incomplete or altered."""
+
+
+class ManifestError(BundleError):
+    """manifest.json is malformed or of an unsupported format_version."""
+
+
+class IntegrityError(BundleError):
+    """A bundle file is missing, altered or not listed in the manifest."""
+
+
+class IncompatibleBundleError(BundleError):
+    """The bundle was built for another torch, device or CPU ISA than this process has."""
+
+
+class InvalidInputError(AotpackError, ValueError):
+    """A generate() argument is out of range, of the wrong type, or on the wrong device."""
+
+
+class CacheOverflowError(InvalidInputError):
+    """Prompt plus new tokens do not fit in the bundle's KV cache."""
+
+
+class ImageInputError(InvalidInputError):
+    """An image argument cannot be used with this bundle or prompt."""
+
+
+class ExportError(AotpackError):
+    """The exporter refuses a model, an option or a failed parity check."""
+
+
+class RuntimeBusyError(AotpackError, RuntimeError):
+    """A runtime's single KV cache is already in use by an unfinished generation in this thread."""

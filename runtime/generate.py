@@ -1,0 +1,136 @@
+"""The generation loop: eager prefill once, then the compiled decode step per token.
+
+Owns: request validation (before any model work), the merged generation options, and `iter_tokens`,
+which yields the chosen token ids step by step. Turning ids into text lives in `runtime.text`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+from runtime.errors import CacheOverflowError, InvalidInputError
+from runtime.prefill import prefill, prompt_positions
+from runtime.sampling import logits_processors, next_token
+
+# GenerationConfig fields a call may override; each maps onto transformers' own logits processors.
+GENERATE_KWARGS = (
+    "max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p",
+    "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "eos_token_id", "pad_token_id",
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One validated generate() call."""
+
+    input_ids: torch.Tensor  # (B, S) int64
+    attention_mask: torch.Tensor  # (B, S) int64, left padded
+    model_inputs: dict  # extra prefill inputs, e.g. pixel_values, token_type_ids
+    config: GenerationConfig  # bundle defaults merged with the call's overrides
+    eos_ids: tuple[int, ...]
+    pad_id: int
+    generator: torch.Generator | None
+
+
+def merge_config(defaults: GenerationConfig, overrides: dict) -> GenerationConfig:
+    """The bundle's generation config updated with the call's kwargs, as `generate` does."""
+    unknown = sorted(set(overrides) - set(GENERATE_KWARGS))
+    if unknown:
+        raise InvalidInputError(f"unsupported generate() arguments {unknown}; supported: {list(GENERATE_KWARGS)}")
+    config = copy.deepcopy(defaults)
+    config.update(**{k: v for k, v in overrides.items() if v is not None})
+    return config
+
+
+def _ids(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+
+
+def validate(bundle, input_ids, attention_mask, config: GenerationConfig) -> torch.Tensor:
+    """Check a request against the bundle; returns the attention mask (ones when none was given)."""
+    m = bundle.manifest
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise InvalidInputError("input_ids must be a 2D (batch, seq) tensor, e.g. from tokenizer(..., return_tensors='pt')")
+    if input_ids.dtype != torch.long:
+        raise InvalidInputError(f"input_ids has dtype {input_ids.dtype}; token ids must be torch.long")
+    if input_ids.device.type != m.device:
+        raise InvalidInputError(f"input_ids is on {input_ids.device}, the bundle runs on {m.device}; move it with .to('{m.device}')")
+    batch, seq = input_ids.shape
+    if seq == 0 or batch == 0:
+        raise InvalidInputError(f"the prompt is empty (input_ids shape {tuple(input_ids.shape)}); give at least one token")
+    if not 1 <= batch <= m.batch_size:
+        raise InvalidInputError(f"batch size {batch} is larger than this bundle's {m.batch_size}; re-export with --batch-size {batch}")
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= m.vocab_size:
+        bad = low if low < 0 else high
+        raise InvalidInputError(f"token id {bad} is outside the vocabulary 0..{m.vocab_size - 1}; was it tokenized for another model?")
+    attention_mask = _check_mask(input_ids, attention_mask)
+    _check_options(config, seq, m.max_cache_len)
+    return attention_mask
+
+
+def _check_mask(input_ids, attention_mask) -> torch.Tensor:
+    if attention_mask is None:
+        return torch.ones_like(input_ids)
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+        shape = tuple(getattr(attention_mask, "shape", ()))
+        raise InvalidInputError(f"attention_mask has shape {shape}, input_ids has {tuple(input_ids.shape)}; they must match")
+    if attention_mask.device != input_ids.device:
+        raise InvalidInputError(f"attention_mask is on {attention_mask.device}, input_ids on {input_ids.device}")
+    if not torch.isin(attention_mask, torch.tensor([0, 1], device=attention_mask.device)).all():
+        raise InvalidInputError("attention_mask must hold only 0 and 1")
+    if (attention_mask[:, -1] == 0).any():
+        raise InvalidInputError("the batch is right-padded; decoding needs left padding (tokenizer.padding_side = 'left')")
+    if (attention_mask.sum(-1) == 0).any():
+        raise InvalidInputError("a row of the batch has no real token (attention_mask all 0); remove it")
+    return attention_mask.long()
+
+
+def _check_options(config: GenerationConfig, seq: int, max_cache_len: int) -> None:
+    new = config.max_new_tokens
+    if not isinstance(new, int) or isinstance(new, bool) or new < 1:
+        raise InvalidInputError(f"max_new_tokens must be a positive integer, got {new!r}")
+    if seq + new > max_cache_len:
+        raise CacheOverflowError(
+            f"prompt of {seq} tokens plus max_new_tokens={new} needs {seq + new} cache slots, but the bundle's "
+            f"max_cache_len is {max_cache_len}; shorten the request or re-export with --max-cache-len {seq + new}"
+        )
+    if config.do_sample and (config.temperature is not None and config.temperature <= 0):
+        raise InvalidInputError(f"temperature={config.temperature} with do_sample=True; use a temperature > 0, or do_sample=False")
+    if config.num_beams not in (None, 1):
+        raise InvalidInputError(f"num_beams={config.num_beams}: aotpack decodes greedily or by sampling, set num_beams=1")
+
+
+def iter_steps(bundle, request: Request, kv) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield (token ids (B,), raw logits (B, vocab)) per step; finished rows get the pad id, as in HF generate."""
+    ids, mask = request.input_ids, request.attention_mask
+    batch, seq = ids.shape
+    new_tokens = request.config.max_new_tokens
+    processors = logits_processors(bundle.model, request.config, seq, ids.device)
+    pad_mask = torch.zeros(batch, bundle.manifest.max_cache_len, dtype=torch.bool, device=ids.device)  # (B, L)
+    pad_mask[:, :seq] = mask.bool()
+    positions = prompt_positions(mask)  # (B, S)
+    scores = prefill(bundle.model, kv, bundle.layout, ids, mask, positions, **request.model_inputs)  # (B, vocab)
+    history, position = ids, positions[:, -1:]  # (B, S), (B, 1)
+    unfinished = torch.ones(batch, dtype=torch.bool, device=ids.device)
+    eos = torch.tensor(request.eos_ids, dtype=torch.long, device=ids.device)
+    for step in range(new_tokens):
+        token = next_token(processors(history, scores.clone()), request.config.do_sample, request.generator)  # (B,)
+        token = torch.where(unfinished, token, torch.full_like(token, request.pad_id))
+        yield token, scores
+        unfinished &= ~torch.isin(token, eos)
+        if step + 1 == new_tokens or not unfinished.any():
+            return
+        history = torch.cat([history, token[:, None]], dim=-1)  # (B, S + step + 1)
+        cache_position = seq + step
+        pad_mask[:, cache_position] = True
+        position = position + 1
+        cache_index = torch.tensor([cache_position], device=ids.device)
+        scores = bundle.decode(token[:, None], position, cache_index, pad_mask, kv).float()  # (B, vocab)

@@ -1,0 +1,53 @@
+"""A readable summary of a bundle's manifest, for `aotpack inspect`.
+
+Owns: presenting the manifest, including KV-cache memory against what a full-length cache needs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from runtime.manifest import Manifest
+
+
+def kv_bytes(manifest: Manifest) -> tuple[int, int]:
+    """(allocated KV bytes, bytes if every layer held max_cache_len slots)."""
+    dt = getattr(torch, manifest.dtype)
+    ring = sum(layer.nbytes(manifest.batch_size, dt) for layer in manifest.cache_layout)
+    full = sum(layer.nbytes(manifest.batch_size, dt) * manifest.max_cache_len // layer.slots for layer in manifest.cache_layout)
+    return ring, full
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def summary(m: Manifest, sizes: dict[str, int] | None = None) -> str:
+    ring, full = kv_bytes(m)
+    kinds = Counter((layer.kind, layer.slots) for layer in m.cache_layout)
+    layers = ", ".join(f"{n}× {kind} ({slots} slots)" for (kind, slots), n in sorted(kinds.items()))
+    lines = [
+        f"model        {m.model_class}{' (image + text)' if m.is_multimodal else ''}",
+        f"format       {m.format_version} (aotpack {m.aotpack_version}, built {m.built_at} in {m.build_seconds:.0f} s)",
+        f"built with   torch {m.torch_version}, transformers {m.transformers_version}, Python {m.python_version}",
+        f"target       {m.device}{f' ({m.cpu_isa})' if m.cpu_isa else ''}, {m.dtype}, batch 1..{m.batch_size}",
+        f"cache        max_cache_len {m.max_cache_len}; {layers}",
+        f"KV memory    {human(ring)} allocated; a full-length cache would need {human(full)}"
+        + (f" ({full / ring:.2f}× more)" if full != ring else ""),
+        f"decode       inputs {', '.join(m.decode_inputs)}, then {2 * len(m.cache_layout)} KV tensors; "
+        f"{len(m.constants)} weight constants lent from the eager model",
+        f"parity       {m.parity.steps} steps, max |Δlogit| {m.parity.max_abs_logit_diff:.2e} "
+        f"(tolerance {m.parity.tolerance:.2e}), tokens match: {m.parity.tokens_match}",
+        "files",
+    ]
+    for name, digest in sorted(m.files.items()):
+        size = f"{human(sizes[name]):>10}  " if sizes and name in sizes else ""
+        lines.append(f"  {size}{name}  sha256 {digest[:16]}…")
+    return "\n".join(lines)
+
