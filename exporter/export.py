@@ -17,11 +17,10 @@ from pathlib import Path
 
 import torch
 import transformers
-from safetensors import safe_open
 
 from exporter.compile import compile_decode, export_decode
 from exporter.config import ExportConfig
-from exporter.constants import constant_sources
+from exporter.constants import StoredTensors, constant_sources
 from exporter.model import cache_layout, decode_module, is_multimodal, load_model, text_config
 from exporter.parity import check_parity
 from exporter.source import checkpoint_dir
@@ -68,7 +67,7 @@ def _build(config: ExportConfig, staging: Path, log) -> Manifest:
     preprocessor.save_pretrained(staging)
     loaded = torch._inductor.aoti_load_package(str(package))
     metadata = loaded.get_metadata()
-    constants = constant_sources(step, model, loaded.get_constant_fqns(), _stored_keys(staging))
+    constants = constant_sources(step, model, loaded.get_constant_fqns(), StoredTensors(sorted(staging.glob("*.safetensors"))))
     del loaded
     manifest = Manifest(
         format_version=FORMAT_VERSION, aotpack_version=AOTPACK_VERSION, torch_version=torch.__version__,
@@ -98,10 +97,3 @@ def _load_preprocessor(checkpoint: Path, multimodal: bool):
     auto = AutoProcessor if multimodal else AutoTokenizer
     return auto.from_pretrained(checkpoint, local_files_only=True)
 
-
-def _stored_keys(bundle: Path) -> set[str]:
-    keys: set[str] = set()
-    for path in bundle.glob("*.safetensors"):
-        with safe_open(path, "pt") as f:
-            keys |= set(f.keys())
-    return keys

@@ -141,11 +141,39 @@ def _gemma3_270m_arch(tok):
     return Gemma3ForCausalLM(config)
 
 
+def _tiny_gemma3_vlm(tok):
+    """Gemma3ForConditionalGeneration with a 1-layer SigLIP tower: 32x32 images, 8x8 patches (a 4x4
+    grid) pooled to 4 soft tokens per image."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    vision = SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8
+    )
+    config = Gemma3Config(
+        text_config=_gemma3_text_config(tok).to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+        boi_token_index=tok.convert_tokens_to_ids("<start_of_image>"),
+        eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"),
+        image_token_index=tok.convert_tokens_to_ids("<image_soft_token>"),
+        initializer_range=0.2, tie_word_embeddings=False,
+    )
+    return Gemma3ForConditionalGeneration(config)
+
+
+def _gemma3_processor(tok):
+    """Gemma3's processor on the PIL image backend: the default backend needs torchvision, which does
+    not import beside this torch build."""
+    from transformers import Gemma3ImageProcessorPil, Gemma3Processor
+
+    images = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    return Gemma3Processor(image_processor=images, tokenizer=tok, chat_template=GEMMA_TEMPLATE, image_seq_length=4)
+
+
 PRESETS: dict[str, tuple[str, Callable]] = {
     "tiny-llama": ("llama", _tiny_llama),
     "tiny-qwen3": ("chatml", _tiny_qwen3),
     "tiny-mistral": ("chatml", _tiny_mistral),
     "tiny-gemma3": ("gemma", _tiny_gemma3),
+    "tiny-gemma3-vlm": ("gemma", _tiny_gemma3_vlm),
     "gemma3-270m-arch": ("gemma", _gemma3_270m_arch),
 }
 
@@ -163,5 +191,5 @@ def build_preset(name: str, dest: Path, seed: int = 0) -> Path:
     )
     dest = Path(dest)
     model.save_pretrained(dest)
-    tok.save_pretrained(dest)
+    (_gemma3_processor(tok) if name == "tiny-gemma3-vlm" else tok).save_pretrained(dest)
     return dest

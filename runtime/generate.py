@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
-from runtime.errors import CacheOverflowError, InvalidInputError
+from runtime.errors import CacheOverflowError, ImageInputError, InvalidInputError
 from runtime.prefill import prefill, prompt_positions
 from runtime.sampling import logits_processors, next_token
 
@@ -134,3 +134,22 @@ def iter_steps(bundle, request: Request, kv) -> Iterator[tuple[torch.Tensor, tor
         position = position + 1
         cache_index = torch.tensor([cache_position], device=ids.device)
         scores = bundle.decode(token[:, None], position, cache_index, pad_mask, kv).float()  # (B, vocab)
+
+
+def check_images(model_config, input_ids: torch.Tensor, model_inputs: dict) -> None:
+    """Images must fill exactly the prompt's image slots; checked before the vision tower runs."""
+    pixels = model_inputs.get("pixel_values")
+    token_id = getattr(model_config, "image_token_id", None)
+    per_image = getattr(model_config, "mm_tokens_per_image", None)
+    if token_id is None or per_image is None:
+        return
+    slots = int((input_ids == token_id).sum()) // per_image
+    images = 0 if pixels is None else pixels.shape[0]
+    if images != slots:
+        raise ImageInputError(
+            f"{images} image(s) given but the prompt has {slots} image slot(s); put one image item per image in the "
+            "chat messages and build inputs with processor.apply_chat_template(..., return_dict=True)"
+        )
+    types = model_inputs.get("token_type_ids")
+    if types is not None and tuple(types.shape) != tuple(input_ids.shape):
+        raise ImageInputError(f"token_type_ids has shape {tuple(types.shape)}, input_ids has {tuple(input_ids.shape)}")

@@ -19,7 +19,7 @@ from runtime.bundle import decode_path, open_bundle
 from runtime.cache import allocate
 from runtime.decode import CompiledDecode
 from runtime.errors import BundleError, ImageInputError, InvalidInputError, RuntimeBusyError
-from runtime.generate import Request, iter_steps, merge_config, validate
+from runtime.generate import Request, check_images, iter_steps, merge_config, validate
 from runtime.manifest import Manifest
 from runtime.text import stream_text
 
@@ -65,10 +65,14 @@ class Runtime:
             raise ImageInputError(f"{sorted(model_inputs)} given to a text-only bundle ({self.manifest.model_class}); send text only")
         config = merge_config(self.generation_config, kwargs)
         attention_mask = validate(self, input_ids, attention_mask, config)
-        eos = config.eos_token_id
-        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []))
-        pad = config.pad_token_id if config.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
-        return Request(input_ids, attention_mask, model_inputs, config, eos_ids, int(pad), generator)
+        if self.manifest.is_multimodal:
+            check_images(self.model.config, input_ids, model_inputs)
+        # HF's own resolution of eos/pad (pad falls back to the first eos); the logits processors read it too.
+        self.model._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=input_ids.device)
+        eos = config._eos_token_tensor
+        eos_ids = tuple(eos.tolist()) if eos is not None else ()
+        pad = int(config._pad_token_tensor) if config._pad_token_tensor is not None else 0
+        return Request(input_ids, attention_mask, model_inputs, config, eos_ids, pad, generator)
 
     @torch.inference_mode()  # on a generator, torch enters and leaves the mode around each step
     def iter_steps(self, input_ids, attention_mask=None, generator=None, **kwargs):

@@ -1,0 +1,92 @@
+"""Shared fixtures: tiny preset checkpoints and their bundles, built once per test session.
+
+An AOTInductor compile costs 20-60 s on 2 cores, so every bundle is exported once (through the CLI,
+which the tests thereby cover) and shared. Nothing is downloaded: presets are built locally.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from exporter.cli import main as aotpack  # noqa: E402
+from exporter.presets import build_preset  # noqa: E402
+
+MAX_CACHE_LEN = 160
+BATCH = 2
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """checkpoint(name) -> directory of the preset's HF checkpoint (built once)."""
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            built[name] = build_preset(name, tmp_path_factory.mktemp(f"ckpt-{name}"))
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def bundle(tmp_path_factory, checkpoint):
+    """bundle(name) -> bundle directory exported by `aotpack export` (once per session)."""
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            out = tmp_path_factory.mktemp(f"bundle-{name}") / "bundle"
+            args = ["export", str(checkpoint(name)), "--out", str(out), "--max-cache-len", str(MAX_CACHE_LEN)]
+            assert aotpack(args + ["--batch-size", str(BATCH)]) == 0
+            built[name] = out
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def runtime(bundle):
+    """runtime(name) -> a loaded Runtime, shared."""
+    from runtime import load
+
+    loaded = {}
+
+    def get(name: str):
+        if name not in loaded:
+            loaded[name] = load(bundle(name))
+        return loaded[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def reference(checkpoint):
+    """reference(name) -> the eager HF model loaded from the original checkpoint."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    loaded = {}
+
+    def get(name: str):
+        if name not in loaded:
+            path = checkpoint(name)
+            multimodal = getattr(AutoConfig.from_pretrained(path), "vision_config", None) is not None
+            auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
+            loaded[name] = auto.from_pretrained(path).eval()
+        return loaded[name]
+
+    return get
