@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from runtime.bundle import read_manifest
 from runtime.errors import ImageInputError, InvalidInputError
 from runtime.text import stream_text
 
@@ -68,8 +69,6 @@ def build_messages(system: str | None, prompt: str, images: list) -> list[dict]:
 
 
 def chat_inputs(rt, system: str | None, prompt: str, images: list) -> dict:
-    if images and not rt.manifest.is_multimodal:
-        raise ImageInputError(f"{len(images)} image(s) given, but {rt.manifest.model_class} is a text-only bundle")
     if not rt.manifest.is_multimodal:  # plain-string content suits every text chat template
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     else:
@@ -77,10 +76,14 @@ def chat_inputs(rt, system: str | None, prompt: str, images: list) -> dict:
     return dict(rt.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"))
 
 
-def run(config: RunConfig, out=sys.stdout) -> dict:
+def run(config: RunConfig, out=None) -> dict:
     from runtime.runtime import load
 
-    images = open_images(config.images)
+    out = out or sys.stdout
+
+    if config.images and not read_manifest(config.bundle).is_multimodal:
+        raise ImageInputError(f"--image given, but {config.bundle} is a text-only bundle; drop --image or export a VLM")
+    images = open_images(config.images)  # a bad file fails before any loading
     rt = load(config.bundle, num_threads=config.threads)
     inputs = chat_inputs(rt, config.system, config.prompt, images)
     generator = torch.Generator(rt.manifest.device).manual_seed(config.seed) if config.seed is not None else None

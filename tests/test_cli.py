@@ -1,0 +1,110 @@
+"""The `aotpack` command end to end: export (through the session bundles), run, inspect, verify, and
+its errors, each raised before any expensive work."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from exporter.cli import main as aotpack
+
+
+def test_run_streams_text_and_reports_timings(bundle, capsys):
+    assert aotpack(["run", str(bundle("tiny-llama")), "--prompt", "Why is the sky blue?", "--system", "Be brief.",
+                    "--max-new-tokens", "12"]) == 0
+    err = capsys.readouterr().err
+    assert "prefill" in err and "ms/token" in err and "12 tokens" in err
+
+
+def test_run_with_sampling_is_reproducible_with_a_seed(bundle, capsys):
+    args = ["run", str(bundle("tiny-llama")), "--prompt", "Hi", "--max-new-tokens", "10", "--temperature", "0.8",
+            "--top-k", "20", "--top-p", "0.9", "--seed", "3"]
+    assert aotpack(args) == 0
+    first = capsys.readouterr().out
+    assert aotpack(args) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_run_vlm_with_images(bundle, tmp_path, capsys):
+    paths = []
+    for i in range(2):
+        path = tmp_path / f"img{i}.png"
+        Image.fromarray((np.random.RandomState(i).rand(30, 40, 3) * 255).astype("uint8")).save(path)
+        paths += ["--image", str(path)]
+    assert aotpack(["run", str(bundle("tiny-gemma3-vlm")), *paths, "--prompt", "Compare them", "--max-new-tokens", "6"]) == 0
+    assert "6 tokens" in capsys.readouterr().err
+
+
+def test_inspect_summarises_the_manifest(bundle, capsys):
+    assert aotpack(["inspect", str(bundle("tiny-gemma3"))]) == 0
+    out = capsys.readouterr().out
+    assert "Gemma3ForCausalLM" in out and "sliding_attention (8 slots)" in out
+    assert "KV memory" in out and "a full-length cache would need" in out
+    assert "decode.pt2" in out and "parity" in out
+
+
+def test_verify_accepts_a_good_bundle(bundle, capsys):
+    assert aotpack(["verify", str(bundle("tiny-llama"))]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def _error(capsys) -> str:
+    return capsys.readouterr().err
+
+
+def test_unknown_preset_or_missing_directory(tmp_path, capsys):
+    assert aotpack(["export", "no-such-preset", "--out", str(tmp_path / "x")]) == 2
+    assert "'no-such-preset' is neither a directory, a preset" in _error(capsys)
+    assert aotpack(["export", str(tmp_path / "missing"), "--out", str(tmp_path / "y")]) == 2
+    assert "does not exist" in _error(capsys)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_model_without_decode_cache_names_the_class(tmp_path, capsys):
+    from transformers import ViTConfig
+
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path / "vit")
+    assert aotpack(["export", str(tmp_path / "vit"), "--out", str(tmp_path / "out")]) == 2
+    assert "ViTConfig" in _error(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_prompt_longer_than_cache_names_both_numbers(bundle, capsys):
+    assert aotpack(["run", str(bundle("tiny-llama")), "--prompt", "Why is the sky blue?", "--max-new-tokens", "500"]) == 2
+    err = _error(capsys)
+    assert "max_new_tokens=500" in err and "max_cache_len is 160" in err
+
+
+def test_bad_export_options_fail_before_loading(tmp_path, capsys):
+    assert aotpack(["export", "tiny-llama", "--out", str(tmp_path / "b"), "--dtype", "int8"]) == 2
+    assert "--dtype 'int8'" in _error(capsys)
+    assert aotpack(["export", "tiny-llama", "--out", str(tmp_path / "b"), "--max-cache-len", "0"]) == 2
+    assert "--max-cache-len" in _error(capsys)
+
+
+def test_existing_bundle_needs_force(bundle, capsys):
+    path = bundle("tiny-llama")
+    before = json.loads((path / "manifest.json").read_text())
+    assert aotpack(["export", "tiny-llama", "--out", str(path)]) == 2
+    assert "--force" in _error(capsys)
+    assert json.loads((path / "manifest.json").read_text()) == before
+
+
+@pytest.mark.parametrize("content", [None, b"not an image at all"])
+def test_bad_image_file(bundle, tmp_path, capsys, content):
+    path = tmp_path / "img.png"
+    if content is not None:
+        path.write_bytes(content)
+    assert aotpack(["run", str(bundle("tiny-gemma3-vlm")), "--image", str(path), "--prompt", "x"]) == 2
+    err = _error(capsys)
+    assert str(path) in err and ("does not exist" in err or "not a readable image" in err)
+
+
+def test_image_for_text_bundle(bundle, tmp_path, capsys):
+    path = tmp_path / "img.png"
+    Image.new("RGB", (8, 8)).save(path)
+    assert aotpack(["run", str(bundle("tiny-llama")), "--image", str(path), "--prompt", "x"]) == 2
+    assert "text-only bundle" in _error(capsys)
