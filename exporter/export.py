@@ -75,7 +75,9 @@ def _build(config: ExportConfig, staging: Path, log) -> Manifest:
         model_class=type(model).__name__, is_multimodal=is_multimodal(model.config), device=config.device,
         cpu_isa=metadata.get("AOTI_CPU_ISA") if config.device == "cpu" else None, dtype=config.dtype,
         batch_size=config.batch_size, max_cache_len=config.max_cache_len,
-        vocab_size=text_config(model).vocab_size, cache_layout=layout, decode_inputs=INPUT_NAMES, constants=constants,
+        vocab_size=text_config(model).vocab_size, cache_layout=layout,
+        cache_bytes=tuple(layer.nbytes(config.batch_size, getattr(torch, config.dtype)) for layer in layout),
+        decode_inputs=INPUT_NAMES, constants=constants,
         files={}, build_seconds=0.0, built_at="", parity=Parity(0, 0.0, 0.0, False),
     )
     log("checking parity against eager generate")

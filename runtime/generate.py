@@ -42,8 +42,15 @@ def merge_config(defaults: GenerationConfig, overrides: dict) -> GenerationConfi
     unknown = sorted(set(overrides) - set(GENERATE_KWARGS))
     if unknown:
         raise InvalidInputError(f"unsupported generate() arguments {unknown}; supported: {list(GENERATE_KWARGS)}")
+    new = overrides.get("max_new_tokens")
+    if new is not None and (not isinstance(new, int) or isinstance(new, bool) or new < 1):
+        raise InvalidInputError(f"max_new_tokens must be a positive integer, got {new!r}")
     config = copy.deepcopy(defaults)
-    config.update(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        config.update(**{k: v for k, v in overrides.items() if v is not None})
+        config.validate()
+    except ValueError as e:  # transformers' own option checks, e.g. top_p outside [0, 1]
+        raise InvalidInputError(f"invalid generation options: {e}") from None
     return config
 
 

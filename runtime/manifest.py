@@ -6,10 +6,11 @@ them only through it, so both sides agree on one definition. Metadata is JSON, n
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
-from runtime.cache import LayerLayout
+from runtime.cache import FULL, SLIDING, LayerLayout
 from runtime.errors import ManifestError
 
 AOTPACK_VERSION = "0.1.0"
@@ -60,6 +61,7 @@ class Manifest:
     max_cache_len: int
     vocab_size: int
     cache_layout: tuple[LayerLayout, ...]
+    cache_bytes: tuple[int, ...]  # per layer: keys + values for batch_size sequences in dtype
     decode_inputs: tuple[str, ...]  # graph input names in call order; the KV tensors follow
     constants: tuple[Constant, ...]
     files: dict[str, str]  # bundle file name -> sha256 hex
@@ -68,7 +70,10 @@ class Manifest:
     parity: Parity
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        """JSON with a `digest` of the content: manifest.json holds every other file's hash, so its
+        own integrity is checked against this digest (a flipped byte in a number is valid JSON)."""
+        body = asdict(self)
+        return json.dumps(body | {"digest": _digest(body)}, indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
@@ -78,13 +83,21 @@ class Manifest:
             raise ManifestError(f"manifest.json is not valid JSON ({e}); re-export the bundle") from e
         if not isinstance(raw, dict):
             raise ManifestError("manifest.json must hold a JSON object; re-export the bundle")
+        raw = dict(raw)
+        digest = raw.pop("digest", None)
         version = raw.get("format_version")
         if version not in SUPPORTED_VERSIONS:
             raise ManifestError(
                 f"bundle format_version {version!r} is not supported by this runtime, which reads "
                 f"{sorted(SUPPORTED_VERSIONS)}; re-export the bundle with a matching aotpack"
             )
+        if digest != _digest(raw):
+            raise ManifestError("manifest.json does not match its digest: it was edited or corrupted; re-export the bundle")
         return _build(cls, raw)
+
+
+def _digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _build(cls, raw: dict) -> Manifest:
@@ -94,15 +107,42 @@ def _build(cls, raw: dict) -> Manifest:
         raise ManifestError(f"manifest fields do not match format 1 (missing {missing}, unexpected {extra})")
     try:
         data = dict(raw)
-        data["cache_layout"] = tuple(LayerLayout(**layer) for layer in raw["cache_layout"])
-        data["constants"] = tuple(Constant(**c) for c in raw["constants"])
-        data["decode_inputs"] = tuple(raw["decode_inputs"])
-        data["parity"] = Parity(**raw["parity"])
-        manifest = cls(**data)
+        data["cache_layout"] = tuple(_record(LayerLayout, layer) for layer in _list(raw["cache_layout"]))
+        data["constants"] = tuple(_record(Constant, c) for c in _list(raw["constants"]))
+        data["parity"] = _record(Parity, raw["parity"])
+        for key in ("cache_bytes", "decode_inputs"):
+            data[key] = tuple(_list(raw[key]))
+        manifest = _record(cls, data)
     except (TypeError, KeyError) as e:
         raise ManifestError(f"manifest.json is malformed ({e}); re-export the bundle") from e
     _check_values(manifest)
     return manifest
+
+
+def _list(value) -> list:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return value
+
+
+# The JSON types each annotation admits (bool is excluded where an int is meant).
+_SCALARS = {"str": (str,), "int": (int,), "float": (float, int), "bool": (bool,)}
+
+
+def _record(cls, data):
+    """Build dataclass `cls` from a dict, checking every scalar field's JSON type."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} must be a JSON object, got {type(data).__name__}")
+    obj = cls(**data)
+    for f in fields(cls):
+        value = getattr(obj, f.name)
+        options = [t.strip() for t in str(f.type).split("|")]
+        if "None" in options and value is None:
+            continue
+        allowed = tuple(t for name in options for t in _SCALARS.get(name, ()))
+        if allowed and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
+            raise TypeError(f"{cls.__name__}.{f.name} must be {f.type}, got {value!r}")
+    return obj
 
 
 def _check_values(m: Manifest) -> None:
@@ -110,10 +150,25 @@ def _check_values(m: Manifest) -> None:
         raise ManifestError(f"manifest dtype {m.dtype!r} is not one of {DTYPES}")
     if m.device not in DEVICES:
         raise ManifestError(f"manifest device {m.device!r} is not one of {DEVICES}")
-    for key, value in (("batch_size", m.batch_size), ("max_cache_len", m.max_cache_len), ("vocab_size", m.vocab_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ManifestError(f"manifest {key} must be a positive integer, got {value!r}")
+    for key in ("batch_size", "max_cache_len", "vocab_size"):
+        if getattr(m, key) < 1:
+            raise ManifestError(f"manifest {key} must be a positive integer, got {getattr(m, key)!r}")
     if not isinstance(m.files, dict) or not all(isinstance(v, str) for v in m.files.values()):
         raise ManifestError("manifest files must map file names to sha256 strings")
     if DECODE not in m.files:
         raise ManifestError(f"manifest does not list {DECODE}; re-export the bundle")
+    if not m.cache_layout or len(m.cache_bytes) != len(m.cache_layout):
+        raise ManifestError("manifest cache_layout and cache_bytes must describe the same, non-empty list of layers")
+    for layer, nbytes in zip(m.cache_layout, m.cache_bytes):
+        _check_layer(layer, nbytes, m.max_cache_len)
+
+
+def _check_layer(layer: LayerLayout, nbytes, max_cache_len: int) -> None:
+    if layer.kind not in (FULL, SLIDING):
+        raise ManifestError(f"manifest cache layer kind {layer.kind!r} is not {FULL!r} or {SLIDING!r}")
+    if min(layer.slots, layer.num_kv_heads, layer.head_dim) < 1 or layer.slots > max_cache_len:
+        raise ManifestError(f"manifest cache layer {layer} has sizes outside 1..max_cache_len")
+    if (layer.kind == SLIDING) != (layer.window is not None):
+        raise ManifestError(f"manifest cache layer {layer}: a window goes with sliding layers only")
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
+        raise ManifestError(f"manifest cache_bytes entry {nbytes!r} is not a positive integer")

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-import torch
-
 from runtime.manifest import Manifest
 
 
 def kv_bytes(manifest: Manifest) -> tuple[int, int]:
     """(allocated KV bytes, bytes if every layer held max_cache_len slots)."""
-    dt = getattr(torch, manifest.dtype)
-    ring = sum(layer.nbytes(manifest.batch_size, dt) for layer in manifest.cache_layout)
-    full = sum(layer.nbytes(manifest.batch_size, dt) * manifest.max_cache_len // layer.slots for layer in manifest.cache_layout)
+    ring = sum(manifest.cache_bytes)
+    full = sum(n * manifest.max_cache_len // layer.slots for n, layer in zip(manifest.cache_bytes, manifest.cache_layout))
     return ring, full
 
 
