@@ -7,6 +7,7 @@ config and hands it to the library; errors of aotpack's own become one line on s
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -39,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--top-p", type=float)
     r.add_argument("--seed", type=int)
     r.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    b = sub.add_parser("bench", help="benchmark HF eager, HF + torch.compile and aotpack (a benchmark, not a test)")
+    b.add_argument("--model", default="gemma3-270m-arch", help="preset or checkpoint directory")
+    b.add_argument("--dtype", action="append", dest="dtypes", help="repeat for several (default: float32 and bfloat16)")
+    b.add_argument("--prompt-len", type=int, default=32)
+    b.add_argument("--new-tokens", type=int, default=64)
+    b.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    b.add_argument("--out", type=Path, default=Path("artifacts/bench"))
     for name, text in (("inspect", "print a bundle's manifest as a summary"), ("verify", "check a bundle without running it")):
         sub.add_parser(name, help=text).add_argument("bundle", type=Path)
     return p
@@ -47,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"export": _export, "run": _run, "inspect": _inspect, "verify": _verify}[args.command](args)
+        commands = {"export": _export, "run": _run, "inspect": _inspect, "verify": _verify, "bench": _bench}
+        return commands[args.command](args)
     except AotpackError as e:
         print(f"aotpack {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -82,6 +91,18 @@ def _run(args) -> int:
         seed=args.seed, threads=args.threads,
     )
     run(config)
+    return 0
+
+
+def _bench(args) -> int:
+    from exporter.bench import BenchConfig, bench
+
+    config = BenchConfig(
+        model=args.model, dtypes=tuple(args.dtypes or ("float32", "bfloat16")), prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens, threads=args.threads, out=args.out,
+    )
+    bench(config, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+    print((config.out / "bench.md").read_text())
     return 0
 
 

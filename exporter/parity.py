@@ -18,10 +18,10 @@ from runtime.prefill import prefill, prompt_positions
 RELATIVE_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 
 
-def parity_prompt(tokenizer, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A left-padded batch: row i drops i leading tokens (ids (b, S), mask (b, S))."""
+def parity_prompt(tokenizer, batch: int, max_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A left-padded batch of at most `max_len` tokens: row i drops i leading tokens (ids (b, S), mask (b, S))."""
     ids = tokenizer("Why is the sky blue? Compilers turn programs into machine code.", return_tensors="pt").input_ids
-    ids = ids.repeat(batch, 1).to(device)
+    ids = ids[:, -max_len:].repeat(batch, 1).to(device)
     mask = torch.ones_like(ids)
     for row in range(batch):
         mask[row, : min(row, ids.shape[1] - 1)] = 0
@@ -32,7 +32,7 @@ def parity_prompt(tokenizer, batch: int, device) -> tuple[torch.Tensor, torch.Te
 @torch.inference_mode()
 def check_parity(model, decode, layout, tokenizer, dtype: str, batch: int, steps: int, max_cache_len: int) -> Parity:
     device = next(model.parameters()).device
-    ids, mask = parity_prompt(tokenizer, min(batch, 2), device)
+    ids, mask = parity_prompt(tokenizer, min(batch, 2), max(1, max_cache_len // 2), device)  # leave room to decode
     steps = min(steps, max_cache_len - ids.shape[1])
     ref = model.generate(
         input_ids=ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,

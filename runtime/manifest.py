@@ -86,7 +86,7 @@ class Manifest:
         raw = dict(raw)
         digest = raw.pop("digest", None)
         version = raw.get("format_version")
-        if version not in SUPPORTED_VERSIONS:
+        if not isinstance(version, int) or isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
             raise ManifestError(
                 f"bundle format_version {version!r} is not supported by this runtime, which reads "
                 f"{sorted(SUPPORTED_VERSIONS)}; re-export the bundle with a matching aotpack"

@@ -1,0 +1,117 @@
+"""Benchmark output: bench.json (every figure), bench.md (tables) and bench.png (chart).
+
+Owns: the derived figures (roofline percentage, ratios against the issue's targets) and their
+presentation. Pure functions of the results dictionary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+LABELS = {"hf_eager": "HF eager (static cache)", "hf_compile": "HF + torch.compile", "aotpack": "aotpack"}
+
+
+# (target, figure key, how the measured figure reads)
+TARGETS = (
+    ("decode ≥ 70 % of the bandwidth floor", "pct_of_floor", lambda d: f"{d['pct_of_floor']:.0f} % (floor {d['floor_ms']:.1f} ms/tok)"),
+    ("decode ≥ 1.5× HF eager", "decode_speedup_vs_eager", lambda d: f"{d['decode_speedup_vs_eager']:.2f}×"),
+    ("decode ≥ 1.2× HF + torch.compile", "decode_speedup_vs_compile", lambda d: f"{d['decode_speedup_vs_compile']:.2f}×"),
+    ("first request ≥ 10× shorter than HF + torch.compile", "first_request_speedup_vs_compile",
+     lambda d: f"{d['first_request_speedup_vs_compile']:.1f}× shorter"),
+    ("first request ≤ HF eager's", "first_request_vs_eager", lambda d: f"{d['first_request_vs_eager']:.2f}× HF eager's"),
+    ("peak RSS ≤ 1.1× HF eager's", "rss_vs_eager", lambda d: f"{d['rss_vs_eager']:.2f}×"),
+    ("bundle build ≤ 180 s", "build_s", lambda d: f"{d['build_s']:.0f} s"),
+    ("greedy tokens equal HF eager's", "tokens_equal_eager", lambda d: str(d["tokens_equal_eager"])),
+)
+
+
+def _run(results: dict, system: str, dtype: str) -> dict | None:
+    return next((r for r in results["runs"] if r["system"] == system and r["dtype"] == dtype), None)
+
+
+def derived(results: dict) -> dict:
+    """Per dtype: floor ms, % of floor, and each target ratio (None where a system was not run)."""
+    out = {}
+    for dtype in results["config"]["dtypes"]:
+        aot, eager, comp = (_run(results, s, dtype) for s in ("aotpack", "hf_eager", "hf_compile"))
+        floor_ms = results[f"roofline_{dtype}"]["total_bytes"] / (results["bandwidth_gb_s"] * 1e9) * 1e3
+        d = {"floor_ms": floor_ms, "build_s": results["builds"][dtype]}
+        if aot:
+            d["pct_of_floor"] = 100 * floor_ms / aot["decode_ms_per_token"]
+        if aot and eager:
+            d["decode_speedup_vs_eager"] = eager["decode_ms_per_token"] / aot["decode_ms_per_token"]
+            d["first_request_vs_eager"] = aot["first_request_s"] / eager["first_request_s"]
+            d["rss_vs_eager"] = aot["peak_rss_mib"] / eager["peak_rss_mib"]
+            d["tokens_equal_eager"] = aot["tokens"] == eager["tokens"]
+        if aot and comp:
+            d["decode_speedup_vs_compile"] = comp["decode_ms_per_token"] / aot["decode_ms_per_token"]
+            d["first_request_speedup_vs_compile"] = comp["first_request_s"] / aot["first_request_s"]
+        out[dtype] = d
+    return out
+
+
+def markdown(results: dict, figures: dict) -> str:
+    c = results["config"]
+    lines = [
+        f"`aotpack bench --model {c['model']}`: prompt {c['prompt_len']} tokens, {c['new_tokens']} new tokens, greedy, "
+        f"batch 1, {c['threads']} threads; {results['machine']['cpu']}, measured read bandwidth "
+        f"{results['bandwidth_gb_s']:.1f} GB/s.",
+        "",
+        "| dtype | system | time to first token | first request | prefill | decode | tok/s | peak RSS |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["runs"]:
+        lines.append(
+            f"| {r['dtype']} | {LABELS[r['system']]} | {r['time_to_first_token_s']:.2f} s | {r['first_request_s']:.2f} s | "
+            f"{r['prefill_ms']:.0f} ms | {r['decode_ms_per_token']:.1f} ms/tok | {1e3 / r['decode_ms_per_token']:.1f} | "
+            f"{r['peak_rss_mib']:.0f} MiB |"
+        )
+    lines += ["", "| dtype | target | measured |", "|---|---|---|"]
+    for dtype, d in figures.items():
+        for label, key, show in TARGETS:
+            if key in d:
+                lines.append(f"| {dtype} | {label} | {show(d)} |")
+    lines.append("")
+    lines.append(f"torch.compile: {results['hf_compile_how']}.")
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: dict, figures: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = results["config"]["dtypes"]
+    systems = [s for s in LABELS if any(r["system"] == s for r in results["runs"])]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    width = 0.8 / len(systems)
+    for i, system in enumerate(systems):
+        runs = [_run(results, system, d) for d in dtypes]
+        xs = [j + i * width for j in range(len(dtypes))]
+        ax1.bar(xs, [r["time_to_first_token_s"] if r else 0 for r in runs], width, label=LABELS[system])
+        ax2.bar(xs, [1e3 / r["decode_ms_per_token"] if r else 0 for r in runs], width, label=LABELS[system])
+    for j, dtype in enumerate(dtypes):
+        roof = 1e3 / figures[dtype]["floor_ms"]
+        ax2.hlines(roof, j - width / 2, j + width * (len(systems) - 0.5), colors="black", linestyles="dashed",
+                   label="bandwidth roofline" if j == 0 else None)
+    for ax, title in ((ax1, "time to first token (s, from process start)"), (ax2, "steady decode (tokens/s)")):
+        ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(dtypes))], dtypes)
+        ax.set_title(title)
+    ax1.set_yscale("log")
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"{results['config']['model']}: {results['machine']['cpu']}, {results['config']['threads']} threads", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_reports(results: dict, out: Path) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = derived(results)
+    results = results | {"derived": figures}
+    (out / "bench.json").write_text(json.dumps(results, indent=2))
+    (out / "bench.md").write_text(markdown(results, figures))
+    chart(results, figures, out / "bench.png")

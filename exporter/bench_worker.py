@@ -1,0 +1,130 @@
+"""One benchmark measurement in a fresh process: `python -m exporter.bench_worker ...` prints one JSON line.
+
+Owns: timing one system (HF eager, HF + torch.compile, or aotpack) from process start, so imports,
+loading and compiling all count towards time to first token and first-request latency. A second,
+warm request gives prefill ms and the steady decode ms/token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+
+SYSTEMS = ("hf_eager", "hf_compile", "aotpack")
+WARMUP_STEPS = 3  # decode steps skipped before the steady-state median
+
+
+class Stamps:
+    """A `generate` streamer that records when each new token arrives (the first put is the prompt)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self.tokens: list[int] = []
+        self._prompt_seen = False
+
+    def put(self, value):
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self.times.append(time.time())
+        self.tokens.append(int(value.reshape(-1)[0]))
+
+    def end(self):
+        pass
+
+
+def _hf_request(model, ids, new_tokens: int, compiled: bool) -> Stamps:
+    from transformers import CompileConfig
+
+    stamps = Stamps()
+    kwargs = dict(cache_implementation="static")
+    if compiled:
+        config = CompileConfig(fullgraph=True)
+        config._compile_all_devices = True  # generate compiles on CUDA only unless forced
+        kwargs["compile_config"] = config
+    else:
+        kwargs["disable_compile"] = True
+    model.generate(
+        input_ids=ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        do_sample=False, streamer=stamps, **kwargs,
+    )
+    return stamps
+
+
+def _aot_request(rt, ids, new_tokens: int) -> Stamps:
+    stamps = Stamps()
+    for token in rt.iter_tokens(input_ids=ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens):
+        stamps.times.append(time.time())
+        stamps.tokens.append(int(token[0]))
+    return stamps
+
+
+def _load(system: str, path: str, dtype: str):
+    import torch
+
+    if system == "aotpack":
+        from runtime import load
+
+        return load(path)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True).eval()
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set. Linux keeps ru_maxrss across exec (it would report the parent's
+    peak), so read VmHWM, which starts afresh with the new program."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(args) -> dict:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model = _load(args.system, args.path, args.dtype)
+    ids = torch.tensor([args.prompt], dtype=torch.long)
+    requests = []
+    for _ in range(2):  # first request: cold (compiles for hf_compile); second: warm
+        start = time.time()
+        with torch.inference_mode():
+            stamps = (
+                _aot_request(model, ids, args.new_tokens)
+                if args.system == "aotpack"
+                else _hf_request(model, ids, args.new_tokens, args.system == "hf_compile")
+            )
+        requests.append((start, stamps))
+    (_, cold), (warm_start, warm) = requests
+    steps = [b - a for a, b in zip(warm.times, warm.times[1:])][WARMUP_STEPS:]
+    return {
+        "system": args.system,
+        "dtype": args.dtype,
+        "time_to_first_token_s": cold.times[0] - args.spawned_at,
+        "first_request_s": cold.times[-1] - args.spawned_at,
+        "prefill_ms": (warm.times[0] - warm_start) * 1e3,
+        "decode_ms_per_token": statistics.median(steps) * 1e3,
+        "peak_rss_mib": peak_rss_mib(),
+        "tokens": warm.tokens,
+    }
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--system", choices=SYSTEMS, required=True)
+    p.add_argument("--path", required=True, help="checkpoint directory (hf_*) or bundle directory (aotpack)")
+    p.add_argument("--dtype", required=True)
+    p.add_argument("--prompt", type=lambda s: [int(t) for t in s.split(",")], required=True)
+    p.add_argument("--new-tokens", type=int, required=True)
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--spawned-at", type=float, required=True, help="time.time() when the parent started this process")
+    print(json.dumps(measure(p.parse_args(argv))), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The manifest reader: property-based tests (hypothesis). Whatever the bytes, reading either returns
+a Manifest or raises ManifestError; a written manifest reads back equal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.cache import FULL, SLIDING, LayerLayout
+from runtime.errors import ManifestError
+from runtime.manifest import Constant, Manifest, Parity, _digest
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+layers = st.builds(
+    lambda kind, slots, heads, dim: LayerLayout(kind, slots, slots if kind == SLIDING else None, heads, dim),
+    st.sampled_from([FULL, SLIDING]), st.integers(1, 64), st.integers(1, 8), st.integers(1, 256),
+)
+
+
+@st.composite
+def manifests(draw):
+    layout = tuple(draw(st.lists(layers, min_size=1, max_size=6)))
+    return Manifest(
+        format_version=1, aotpack_version="0.1.0", torch_version=draw(st.text(min_size=1, max_size=12)),
+        transformers_version="5.24.0", python_version="3.11.7", model_class=draw(st.text(min_size=1, max_size=20)),
+        is_multimodal=draw(st.booleans()), device=draw(st.sampled_from(["cpu", "cuda"])),
+        cpu_isa=draw(st.none() | st.text(max_size=20)), dtype=draw(st.sampled_from(["float32", "bfloat16", "float16"])),
+        batch_size=draw(st.integers(1, 64)), max_cache_len=64, vocab_size=draw(st.integers(1, 300000)),
+        cache_layout=layout, cache_bytes=tuple(draw(st.integers(1, 2**40)) for _ in layout),
+        decode_inputs=("input_ids", "position_ids", "cache_position", "pad_mask"),
+        constants=tuple(draw(st.lists(st.builds(Constant, st.text(max_size=10), st.text(max_size=10),
+                                                  st.none() | st.text(max_size=10)), max_size=4))),
+        files={"decode.pt2": "ab" * 32} | draw(st.dictionaries(st.text(min_size=1, max_size=10), st.text(max_size=64), max_size=4)),
+        build_seconds=draw(st.floats(0, 1e6)), built_at="2026-11-29T00:00:00+00:00",
+        parity=Parity(draw(st.integers(0, 100)), draw(st.floats(0, 1)), draw(st.floats(0, 1)), draw(st.booleans())),
+    )
+
+
+def _with_digest(raw: dict) -> str:
+    raw = {k: v for k, v in raw.items() if k != "digest"}
+    return json.dumps(raw | {"digest": _digest(raw)})
+
+
+@given(manifests())
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+def test_round_trip(manifest):
+    assert Manifest.from_json(manifest.to_json()) == manifest
+
+
+@given(json_values)
+@settings(max_examples=300)
+def test_arbitrary_json_is_refused_cleanly(value):
+    with pytest.raises(ManifestError):
+        Manifest.from_json(json.dumps(value))
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=200)
+def test_arbitrary_bytes_are_refused_cleanly(data):
+    with pytest.raises(ManifestError):
+        Manifest.from_json(data.decode("latin-1"))
+
+
+@given(manifests(), st.data())
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_any_field_replaced_by_any_json_reads_or_refuses(manifest, data):
+    """Even with a valid digest (a consistent, deliberate edit), a wrong type or value is a ManifestError."""
+    raw = json.loads(manifest.to_json())
+    key = data.draw(st.sampled_from(sorted(k for k in raw if k != "digest")))
+    raw[key] = data.draw(json_values)
+    try:
+        read = Manifest.from_json(_with_digest(raw))
+    except ManifestError:
+        return
+    assert isinstance(read, Manifest)
+    assert read.batch_size >= 1 and read.max_cache_len >= 1 and read.dtype in ("float32", "bfloat16", "float16")
+
+
+@given(manifests(), st.integers(0, 10_000), st.integers(0, 7))
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_any_flipped_bit_is_refused(manifest, position, bit):
+    text = bytearray(manifest.to_json().encode())
+    text[position % len(text)] ^= 1 << bit
+    try:
+        read = Manifest.from_json(text.decode("utf-8"))
+    except (ManifestError, UnicodeDecodeError):
+        return
+    assert read == manifest  # only a flip JSON cannot see (e.g. inside insignificant whitespace) may pass
+
+
+@given(manifests(), st.integers(2, 10**6))
+def test_unsupported_versions_name_both(manifest, version):
+    raw = json.loads(manifest.to_json()) | {"format_version": version}
+    with pytest.raises(ManifestError, match=f"format_version {version} .* reads \\[1\\]"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=50)
+def test_layer_kind_and_window_must_agree(manifest):
+    raw = json.loads(manifest.to_json())
+    layer = raw["cache_layout"][0]
+    layer["kind"] = SLIDING if layer["kind"] == FULL else FULL  # keep the other kind's window (or lack of one)
+    with pytest.raises(ManifestError, match="window goes with sliding layers only"):
+        Manifest.from_json(_with_digest(raw))
