@@ -64,5 +64,6 @@ def constant_sources(step: nn.Module, model: nn.Module, names, stored: StoredTen
         if not paths:
             raise ExportError(f"compiled constant {name!r} is not a parameter or buffer of {type(model).__name__}")
         key = stored.matching(paths[0], tensor.detach().cpu())
-        constants.append(Constant(name=name, module_path=paths[0], safetensors_key=key))
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        constants.append(Constant(name, paths[0], key, dtype, tuple(tensor.shape)))
     return tuple(constants)

@@ -33,6 +33,8 @@ class Constant:
     name: str  # the name AOTInductor gives it (get_constant_fqns)
     module_path: str  # parameter or buffer path in the eager model that lends its storage
     safetensors_key: str | None  # key of the stored tensor; None for non-persistent buffers (rotary inv_freq)
+    dtype: str  # what the .so was compiled for; checked at load, since AOTI checks nothing
+    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ def _build(cls, raw: dict) -> Manifest:
     try:
         data = dict(raw)
         data["cache_layout"] = tuple(_record(LayerLayout, layer) for layer in _list(raw["cache_layout"]))
-        data["constants"] = tuple(_record(Constant, c) for c in _list(raw["constants"]))
+        data["constants"] = tuple(_constant(c) for c in _list(raw["constants"]))
         data["parity"] = _record(Parity, raw["parity"])
         for key in ("cache_bytes", "decode_inputs"):
             data[key] = tuple(_list(raw[key]))
@@ -117,6 +119,15 @@ def _build(cls, raw: dict) -> Manifest:
         raise ManifestError(f"manifest.json is malformed ({e}); re-export the bundle") from e
     _check_values(manifest)
     return manifest
+
+
+def _constant(raw) -> Constant:
+    if not isinstance(raw, dict):
+        raise TypeError(f"a constant must be a JSON object, got {type(raw).__name__}")
+    shape = _list(raw.get("shape"))
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise TypeError(f"constant shape {shape!r} must list non-negative integers")
+    return _record(Constant, raw | {"shape": tuple(shape)})
 
 
 def _list(value) -> list:

@@ -36,8 +36,10 @@ def manifests(draw):
         batch_size=draw(st.integers(1, 64)), max_cache_len=64, vocab_size=draw(st.integers(1, 300000)),
         cache_layout=layout, cache_bytes=tuple(draw(st.integers(1, 2**40)) for _ in layout),
         decode_inputs=("input_ids", "position_ids", "cache_position", "pad_mask"),
-        constants=tuple(draw(st.lists(st.builds(Constant, st.text(max_size=10), st.text(max_size=10),
-                                                  st.none() | st.text(max_size=10)), max_size=4))),
+        constants=tuple(draw(st.lists(st.builds(
+            Constant, st.text(max_size=10), st.text(max_size=10), st.none() | st.text(max_size=10),
+            st.sampled_from(["float32", "bfloat16"]), st.lists(st.integers(0, 4096), max_size=3).map(tuple),
+        ), max_size=4))),
         files={"decode.pt2": "ab" * 32} | draw(st.dictionaries(st.text(min_size=1, max_size=10), st.text(max_size=64), max_size=4)),
         build_seconds=draw(st.floats(0, 1e6)), built_at="2026-11-29T00:00:00+00:00",
         parity=Parity(draw(st.integers(0, 100)), draw(st.floats(0, 1)), draw(st.floats(0, 1)), draw(st.booleans())),
