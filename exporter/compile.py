@@ -6,6 +6,8 @@ are passed explicitly per call; nothing global is set.
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,12 +34,33 @@ def dynamic_shapes(n_kv: int, batch: int):
     return ({0: b}, {0: b}, None, {0: b}, tuple({0: b} for _ in range(n_kv)))
 
 
+@contextmanager
+def grouped_query_sdpa():
+    """While tracing, transformers' SDPA path expands K/V to every query head (`repeat_kv`), a copy of
+    the whole cache per layer per step; its GQA switch makes it call SDPA with `enable_gqa=True`
+    instead, so the compiled kernel reads each KV head once. The switch is an environment variable
+    read at call time, so it is set for the duration of the trace only and then restored."""
+    previous = os.environ.get(_FORCE_GQA)
+    os.environ[_FORCE_GQA] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[_FORCE_GQA]
+        else:
+            os.environ[_FORCE_GQA] = previous
+
+
+_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
 @torch.no_grad()
 def export_decode(step, layout, batch: int, max_cache_len: int, dtype: torch.dtype, device: str):
     # An example batch of 1 would specialise the batch dim, so trace at the bundle's batch (>= 2 when dynamic).
     inputs = example_inputs(layout, batch, max_cache_len, dtype, device)
     shapes = dynamic_shapes(len(inputs) - 4, batch)
-    return torch.export.export(step, inputs, dynamic_shapes=shapes, strict=False)
+    with grouped_query_sdpa():
+        return torch.export.export(step, inputs, dynamic_shapes=shapes, strict=False)
 
 
 def inductor_options(device: str, cpu_isa: str) -> dict:

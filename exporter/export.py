@@ -21,13 +21,13 @@ import transformers
 from exporter.compile import compile_decode, export_decode
 from exporter.config import ExportConfig
 from exporter.constants import StoredTensors, constant_sources
+from exporter.decode_step import INPUT_NAMES
 from exporter.model import cache_layout, decode_module, is_multimodal, load_model, text_config
 from exporter.parity import check_parity
 from exporter.source import checkpoint_dir
 from runtime.bundle import sha256
 from runtime.decode import CompiledDecode
 from runtime.manifest import AOTPACK_VERSION, DECODE, FORMAT_VERSION, MANIFEST, Manifest, Parity
-from exporter.decode_step import INPUT_NAMES
 
 
 def export(config: ExportConfig, log=print) -> Manifest:
@@ -65,21 +65,7 @@ def _build(config: ExportConfig, staging: Path, log) -> Manifest:
     package = compile_decode(exported, staging / DECODE, config.device, config.cpu_isa)
     model.save_pretrained(staging)
     preprocessor.save_pretrained(staging)
-    loaded = torch._inductor.aoti_load_package(str(package))
-    metadata = loaded.get_metadata()
-    constants = constant_sources(step, model, loaded.get_constant_fqns(), StoredTensors(sorted(staging.glob("*.safetensors"))))
-    del loaded
-    manifest = Manifest(
-        format_version=FORMAT_VERSION, aotpack_version=AOTPACK_VERSION, torch_version=torch.__version__,
-        transformers_version=transformers.__version__, python_version=platform.python_version(),
-        model_class=type(model).__name__, is_multimodal=is_multimodal(model.config), device=config.device,
-        cpu_isa=metadata.get("AOTI_CPU_ISA") if config.device == "cpu" else None, dtype=config.dtype,
-        batch_size=config.batch_size, max_cache_len=config.max_cache_len,
-        vocab_size=text_config(model).vocab_size, cache_layout=layout,
-        cache_bytes=tuple(layer.nbytes(config.batch_size, getattr(torch, config.dtype)) for layer in layout),
-        decode_inputs=INPUT_NAMES, constants=constants,
-        files={}, build_seconds=0.0, built_at="", parity=Parity(0, 0.0, 0.0, False),
-    )
+    manifest = _draft_manifest(config, model, step, layout, package, staging)
     log("checking parity against eager generate")
     decode = CompiledDecode(package, model, manifest)
     tokenizer = getattr(preprocessor, "tokenizer", preprocessor)
@@ -91,6 +77,24 @@ def _build(config: ExportConfig, staging: Path, log) -> Manifest:
     )
     (staging / MANIFEST).write_text(manifest.to_json())
     return manifest
+
+
+def _draft_manifest(config: ExportConfig, model, step, layout, package: Path, staging: Path) -> Manifest:
+    """Everything but the file hashes, timings and parity, which come last."""
+    loaded = torch._inductor.aoti_load_package(str(package))
+    metadata = loaded.get_metadata()
+    constants = constant_sources(step, model, loaded.get_constant_fqns(), StoredTensors(sorted(staging.glob("*.safetensors"))))
+    dtype = getattr(torch, config.dtype)
+    return Manifest(
+        format_version=FORMAT_VERSION, aotpack_version=AOTPACK_VERSION, torch_version=torch.__version__,
+        transformers_version=transformers.__version__, python_version=platform.python_version(),
+        model_class=type(model).__name__, is_multimodal=is_multimodal(model.config), device=config.device,
+        cpu_isa=metadata.get("AOTI_CPU_ISA") if config.device == "cpu" else None, dtype=config.dtype,
+        batch_size=config.batch_size, max_cache_len=config.max_cache_len, vocab_size=text_config(model).vocab_size,
+        cache_layout=layout, cache_bytes=tuple(layer.nbytes(config.batch_size, dtype) for layer in layout),
+        decode_inputs=INPUT_NAMES, constants=constants, files={}, build_seconds=0.0, built_at="",
+        parity=Parity(0, 0.0, 0.0, False),
+    )
 
 
 def _load_preprocessor(checkpoint: Path, multimodal: bool):

@@ -47,23 +47,35 @@ def bundle_file(bundle: Path, name: str) -> Path:
     return path
 
 
-def verify_files(bundle: Path, manifest: Manifest) -> None:
-    """Check every listed file's sha256, and that no unlisted executable content sits in the bundle."""
+def verify_files(bundle: Path, manifest: Manifest, names=None) -> None:
+    """Check the sha256 of the listed files `names` (default: all of them)."""
     bundle = Path(bundle)
-    for name, digest in sorted(manifest.files.items()):
+    for name in sorted(manifest.files if names is None else names):
         path = bundle_file(bundle, name)
         if not path.is_file():
             raise IntegrityError(f"bundle file {name!r} is missing from {bundle}; re-export the bundle")
-        actual = sha256(path)
+        actual, digest = sha256(path), manifest.files[name]
         if actual != digest:
             raise IntegrityError(
                 f"bundle file {name!r} has sha256 {actual[:16]}…, manifest says {digest[:16]}…: "
                 "the file was altered or corrupted; re-export the bundle"
             )
+
+
+def check_listing(bundle: Path, manifest: Manifest) -> None:
+    """Every name is a plain file inside the bundle, and no unlisted executable content sits in it."""
+    for name in manifest.files:
+        bundle_file(bundle, name)
     listed = set(manifest.files) | {MANIFEST}
-    for path in bundle.iterdir():
+    for path in Path(bundle).iterdir():
         if path.name not in listed and (path.suffix in _EXECUTABLE_SUFFIXES or path.is_dir() or path.is_symlink()):
             raise IntegrityError(f"{path.name!r} in {bundle} is not listed in the manifest; remove it or re-export")
+
+
+def weight_files(manifest: Manifest) -> list[str]:
+    """The large safetensors files. A format that executes nothing when parsed, so they may be
+    hashed while the model is being built from them (see Runtime), never after the .so runs."""
+    return [name for name in manifest.files if name.endswith(".safetensors")]
 
 
 def check_compatible(manifest: Manifest) -> None:
@@ -99,11 +111,14 @@ def _check_cpu_isa(required: str | None) -> None:
         )
 
 
-def open_bundle(path) -> tuple[Path, Manifest]:
-    """Read, verify and compatibility-check a bundle; returns (dir, manifest)."""
+def open_bundle(path, defer_weights: bool = False) -> tuple[Path, Manifest]:
+    """Read, check and compatibility-check a bundle; returns (dir, manifest). With `defer_weights`
+    the caller verifies `weight_files(manifest)` itself before the bundle is used."""
     bundle = Path(path)
     manifest = read_manifest(bundle)
-    verify_files(bundle, manifest)
+    check_listing(bundle, manifest)
+    deferred = set(weight_files(manifest)) if defer_weights else set()
+    verify_files(bundle, manifest, [name for name in manifest.files if name not in deferred])
     check_compatible(manifest)
     return bundle, manifest
 

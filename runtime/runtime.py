@@ -7,15 +7,16 @@ borrows that model's weight tensors, and one preallocated KV cache that both wri
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoProcessor, AutoTokenizer, GenerationConfig
+from transformers import AutoTokenizer, GenerationConfig
 
-from runtime.bundle import decode_path, open_bundle
+from runtime.bundle import decode_path, open_bundle, verify_files, weight_files
 from runtime.cache import allocate
 from runtime.decode import CompiledDecode
 from runtime.errors import BundleError, ImageInputError, InvalidInputError, RuntimeBusyError
@@ -45,24 +46,45 @@ class Runtime:
     """A loaded bundle. One KV cache: calls from several threads are serialised by a lock."""
 
     def __init__(self, path):
-        self.path, self.manifest = open_bundle(Path(path))
+        self.path, self.manifest = open_bundle(Path(path), defer_weights=True)
         m: Manifest = self.manifest
-        self.model = _model_class(m.model_class).from_pretrained(
-            self.path, dtype=getattr(torch, m.dtype), local_files_only=True, attn_implementation="sdpa"
-        ).to(m.device).eval()
+        self.model = self._build_model()  # the weights are verified before this returns
         self.layout = m.cache_layout
         self.decode = CompiledDecode(decode_path(self.path), self.model, m)
         self.kv = allocate(self.layout, m.batch_size, getattr(torch, m.dtype), m.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-        self.processor = AutoProcessor.from_pretrained(self.path, local_files_only=True) if m.is_multimodal else self.tokenizer
+        self.processor = self._processor() if m.is_multimodal else self.tokenizer
         self.generation_config = GenerationConfig.from_pretrained(self.path, local_files_only=True)
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id holding the cache
 
+    def _build_model(self):
+        """Build the eager model while a second thread hashes its weight files (hashlib releases the
+        GIL), so verifying a large bundle costs little extra start-up time."""
+        m = self.manifest
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            hashed = pool.submit(verify_files, self.path, m, weight_files(m))
+            try:
+                model = _model_class(m.model_class).from_pretrained(
+                    self.path, dtype=getattr(torch, m.dtype), local_files_only=True, attn_implementation="sdpa"
+                )
+            except Exception:
+                hashed.result()  # a missing or corrupt weight file explains the failure better
+                raise
+            hashed.result()
+        return model.to(m.device).eval()
+
+    def _processor(self):
+        from transformers import AutoProcessor  # image-processing imports cost ~1 s: only VLMs pay them
+
+        return AutoProcessor.from_pretrained(self.path, local_files_only=True)
+
     def request(self, input_ids, attention_mask=None, generator=None, **kwargs) -> Request:
-        model_inputs = {k: kwargs.pop(k) for k in MULTIMODAL_INPUTS if kwargs.get(k) is not None}
-        if model_inputs and not self.manifest.is_multimodal:
-            raise ImageInputError(f"{sorted(model_inputs)} given to a text-only bundle ({self.manifest.model_class}); send text only")
+        model_inputs = {k: v for k in MULTIMODAL_INPUTS if (v := kwargs.pop(k, None)) is not None}
+        if not self.manifest.is_multimodal:
+            if "pixel_values" in model_inputs:
+                raise ImageInputError(f"pixel_values given to a text-only bundle ({self.manifest.model_class}); send text only")
+            model_inputs = {}  # e.g. all-zero token_type_ids from a tokenizer: meaningless to a decoder LM
         config = merge_config(self.generation_config, kwargs)
         attention_mask = validate(self, input_ids, attention_mask, config)
         if self.manifest.is_multimodal:

@@ -33,7 +33,8 @@ def summary(m: Manifest, sizes: dict[str, int] | None = None) -> str:
         f"model        {m.model_class}{' (image + text)' if m.is_multimodal else ''}",
         f"format       {m.format_version} (aotpack {m.aotpack_version}, built {m.built_at} in {m.build_seconds:.0f} s)",
         f"built with   torch {m.torch_version}, transformers {m.transformers_version}, Python {m.python_version}",
-        f"target       {m.device}{f' ({m.cpu_isa})' if m.cpu_isa else ''}, {m.dtype}, batch 1..{m.batch_size}",
+        f"target       {m.device}{f' ({m.cpu_isa})' if m.cpu_isa else ''}, {m.dtype}, "
+        + (f"batch 1 to {m.batch_size}" if m.batch_size > 1 else "batch 1"),
         f"cache        max_cache_len {m.max_cache_len}; {layers}",
         f"KV memory    {human(ring)} allocated; a full-length cache would need {human(full)}"
         + (f" ({full / ring:.2f}× more)" if full != ring else ""),

@@ -108,3 +108,23 @@ def test_image_for_text_bundle(bundle, tmp_path, capsys):
     Image.new("RGB", (8, 8)).save(path)
     assert aotpack(["run", str(bundle("tiny-llama")), "--image", str(path), "--prompt", "x"]) == 2
     assert "text-only bundle" in _error(capsys)
+
+
+def test_hub_id_resolves_from_the_local_cache_only(tmp_path, monkeypatch):
+    """A hub id is looked up in the local HF cache; aotpack never downloads."""
+    import huggingface_hub.constants
+
+    from exporter.source import checkpoint_dir
+    from runtime import ExportError
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--acme--tiny" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (cache / "models--acme--tiny" / "refs").mkdir()
+    (cache / "models--acme--tiny" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    with checkpoint_dir("acme/tiny") as path:
+        assert path == snapshot
+    with pytest.raises(ExportError, match="never downloads"), checkpoint_dir("acme/not-cached"):
+        pass
