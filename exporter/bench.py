@@ -55,8 +55,8 @@ def _prompt(vocab: int, length: int) -> list[int]:
     return torch.randint(10, vocab, (length,), generator=g).tolist()
 
 
-def _run(cmd: list[str]) -> str:
-    done = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], env: dict | None = None) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise ExportError(f"{' '.join(cmd[:4])} … failed:\n{done.stderr[-3000:]}")
     return done.stdout
@@ -69,11 +69,14 @@ def _export(checkpoint: Path, bundle: Path, dtype: str, max_cache_len: int) -> f
     return time.perf_counter() - start
 
 
-def _measure(system: str, path: Path, dtype: str, prompt: list[int], config: BenchConfig) -> dict:
+def _measure(system: str, path: Path, dtype: str, prompt: list[int], config: BenchConfig, scratch: Path) -> dict:
+    # A fresh Inductor cache per process: torch.compile must pay its compile as on a new machine,
+    # not reuse kernels an earlier run left in /tmp/torchinductor_*.
+    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(scratch / f"inductor-{system}-{dtype}")}
     cmd = [sys.executable, "-m", "exporter.bench_worker", "--system", system, "--path", str(path), "--dtype", dtype,
            "--prompt", ",".join(map(str, prompt)), "--new-tokens", str(config.new_tokens),
            "--threads", str(config.threads), "--spawned-at", repr(time.time())]
-    return json.loads(_run(cmd).strip().splitlines()[-1])
+    return json.loads(_run(cmd, env).strip().splitlines()[-1])
 
 
 def machine() -> dict:
@@ -102,6 +105,6 @@ def bench(config: BenchConfig, log=print) -> dict:
             for system in config.systems:
                 log(f"[{dtype}] {system}")
                 path = bundle if system == "aotpack" else checkpoint
-                results["runs"].append(_measure(system, path, dtype, prompt, config))
+                results["runs"].append(_measure(system, path, dtype, prompt, config, Path(tmp)))
     write_reports(results, config.out)
     return results

@@ -94,21 +94,40 @@ def check_compatible(manifest: Manifest) -> None:
         _check_cpu_isa(manifest.cpu_isa)
 
 
-def cpu_isa_features() -> set[str]:
-    """Vector ISA features Inductor can use on this CPU, e.g. {'avx2', 'avx512'}."""
-    from torch._inductor import cpu_vec_isa
+# AOTInductor's ISA names (AOTI_CPU_ISA, lower-cased) -> the CPU flags each needs, as Linux lists
+# them in /proc/cpuinfo. Reading the flags costs microseconds; Inductor's own probe compiles test
+# programs and imports torch._dynamo, about 6 s of start-up.
+ISA_FLAGS = {
+    "avx2": {"avx2", "fma"},
+    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
+    "avx512_vnni": {"avx512_vnni"},
+    "amx_tile": {"amx_tile", "amx_bf16", "amx_int8"},
+    "asimd": {"asimd"},
+    "neon": {"asimd"},
+}
 
-    return {feature for isa in cpu_vec_isa.valid_vec_isa_list() for feature in str(isa).split()}
+
+def cpu_flags() -> set[str] | None:
+    """This CPU's feature flags, or None where /proc/cpuinfo does not exist."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    lines = (line.split(":", 1) for line in text.splitlines() if line.startswith(("flags", "Features")))
+    return {flag for _, value in lines for flag in value.split()}
 
 
 def _check_cpu_isa(required: str | None) -> None:
-    needed = {f.lower() for f in (required or "").split()}
-    missing = needed - cpu_isa_features()
-    if missing:
-        raise IncompatibleBundleError(
-            f"bundle's decode was compiled for CPU ISA {required!r}, but this CPU lacks {sorted(missing)}; "
-            "re-export on this machine, or export with `--cpu-isa avx2` for a portable bundle"
-        )
+    flags = cpu_flags()
+    for name in (required or "").lower().split():
+        if name not in ISA_FLAGS:
+            raise IncompatibleBundleError(f"bundle needs CPU ISA {name!r}, which aotpack cannot check; re-export on this machine")
+        missing = ISA_FLAGS[name] - flags if flags is not None else set()
+        if missing:
+            raise IncompatibleBundleError(
+                f"bundle's decode was compiled for CPU ISA {required!r}, but this CPU lacks {name!r} "
+                f"(flags {sorted(missing)}); re-export on this machine, or export with `--cpu-isa avx2` for a portable bundle"
+            )
 
 
 def open_bundle(path, defer_weights: bool = False) -> tuple[Path, Manifest]:

@@ -51,16 +51,19 @@ class CompiledDecode:
     def __init__(self, package: Path, model: nn.Module, manifest: Manifest):
         self.manifest = manifest
         constants = lend_constants(model, manifest)
-        self._package = torch._inductor.aoti_load_package(str(package))
-        expected = set(self._package.get_constant_fqns())
+        # The C++ loader itself: `torch._inductor.aoti_load_package` wraps the same object but imports
+        # torch._inductor and torch._dynamo first, about 3 s of start-up that loading never needs.
+        self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+        expected = set(self._loader.get_constant_fqns())
         if expected != set(constants):
             raise BundleError(
                 f"compiled decode expects constants {sorted(expected - set(constants))[:5]} the manifest does "
                 "not provide; the bundle is inconsistent, re-export it"
             )
-        # user_managed: the .so keeps our tensor handles, so eager prefill and decode share one copy.
-        self._package.load_constants(constants, check_full_update=True, user_managed=True)
-        self._run = self._package.loader.run  # avoids __call__'s per-step pytree flattening
+        # (constants, use_inactive, check_full_update, user_managed, allow_h2d_copy). user_managed: the
+        # .so keeps our tensor handles, so eager prefill and decode share one copy of every weight.
+        self._loader.load_constants(constants, False, True, True, False)
+        self._run = self._loader.run  # flat inputs: no per-step pytree flattening
         self.device = torch.device(manifest.device)
 
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> torch.Tensor:

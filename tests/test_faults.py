@@ -133,9 +133,19 @@ def test_other_torch_version(copy):
         load(copy)
 
 
-def test_cpu_lacking_the_isa(copy):
-    _rewrite(copy, cpu_isa="AVX512 AVX10_2")
-    with pytest.raises(IncompatibleBundleError, match=r"lacks \['avx10_2'\].*--cpu-isa avx2"):
+def test_cpu_lacking_the_isa(copy, monkeypatch):
+    """An AVX2-only CPU is handed a bundle compiled for AVX-512 (the manifest says what the .so needs)."""
+    import runtime.bundle
+
+    _rewrite(copy, cpu_isa="AVX512 AVX512_VNNI")
+    monkeypatch.setattr(runtime.bundle, "cpu_flags", lambda: {"avx", "avx2", "fma", "sse4_2"})
+    with pytest.raises(IncompatibleBundleError, match=r"lacks 'avx512' .*avx512bw.*--cpu-isa avx2"):
+        load(copy)
+
+
+def test_unknown_isa_is_refused(copy):
+    _rewrite(copy, cpu_isa="AVX10_2")
+    with pytest.raises(IncompatibleBundleError, match="CPU ISA 'avx10_2', which aotpack cannot check"):
         load(copy)
 
 
