@@ -82,6 +82,7 @@ def chart(results: dict, figures: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     dtypes = results["config"]["dtypes"]
     systems = [s for s in LABELS if any(r["system"] == s for r in results["runs"])]
@@ -90,17 +91,20 @@ def chart(results: dict, figures: dict, path: Path) -> None:
     for i, system in enumerate(systems):
         runs = [_run(results, system, d) for d in dtypes]
         xs = [j + i * width for j in range(len(dtypes))]
-        ax1.bar(xs, [r["time_to_first_token_s"] if r else 0 for r in runs], width, label=LABELS[system])
+        bars = ax1.bar(xs, [r["first_request_s"] if r else 0 for r in runs], width, alpha=0.35)
+        ax1.bar(xs, [r["time_to_first_token_s"] if r else 0 for r in runs], width, color=bars.patches[0].get_facecolor()[:3])
         ax2.bar(xs, [1e3 / r["decode_ms_per_token"] if r else 0 for r in runs], width, label=LABELS[system])
     for j, dtype in enumerate(dtypes):
         roof = 1e3 / figures[dtype]["floor_ms"]
         ax2.hlines(roof, j - width / 2, j + width * (len(systems) - 0.5), colors="black", linestyles="dashed",
                    label="bandwidth roofline" if j == 0 else None)
-    for ax, title in ((ax1, "time to first token (s, from process start)"), (ax2, "steady decode (tokens/s)")):
+    titles = ("time to first token (dark) and first request (light), s from process start", "steady decode (tokens/s)")
+    for ax, title in zip((ax1, ax2), titles):
         ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(dtypes))], dtypes)
-        ax.set_title(title)
+        ax.set_title(title, fontsize=9)
     ax1.set_yscale("log")
-    ax2.legend(fontsize=8)
+    ax1.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax2.legend(fontsize=8, loc="upper left")
     fig.suptitle(f"{results['config']['model']}: {results['machine']['cpu']}, {results['config']['threads']} threads", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
