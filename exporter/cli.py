@@ -62,13 +62,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _export(args) -> int:
+def _quiet() -> None:
+    """Progress bars and library deprecation chatter drown the command's own output."""
+    import warnings
+
     from transformers.utils import logging
 
+    logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _export(args) -> int:
     from exporter.config import ExportConfig
     from exporter.export import export
 
-    logging.disable_progress_bar()
+    _quiet()
     out = args.out or Path("artifacts") / Path(args.model).name
     config = ExportConfig(
         model=args.model, out=out, max_cache_len=args.max_cache_len, batch_size=args.batch_size, dtype=args.dtype,
@@ -85,6 +93,7 @@ def _export(args) -> int:
 def _run(args) -> int:
     from runtime.chat import RunConfig, run
 
+    _quiet()
     config = RunConfig(
         bundle=args.bundle, prompt=args.prompt, system=args.system, images=tuple(args.image),
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
