@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, GenerationMixin
 from transformers.cache_utils import get_layer_types_and_kwargs
 from transformers.configuration_utils import get_head_shapes
 
@@ -67,7 +67,7 @@ def cache_layout(model: nn.Module, max_cache_len: int) -> tuple[LayerLayout, ...
 
 def decode_module(model: nn.Module, layout) -> DecodeStep:
     """The decode step over the text path only: a VLM's vision tower stays out of the graph."""
-    if not getattr(model, "_supports_cache_class", True) or not hasattr(model, "generate"):
+    if not isinstance(model, GenerationMixin):
         raise ExportError(f"{type(model).__name__} has no generation KV cache; aotpack exports decoder LMs only")
     if is_multimodal(model.config):
         return DecodeStep(TextHead(model.get_decoder(), model.get_output_embeddings()), layout, is_text_head=True)

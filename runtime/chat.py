@@ -69,6 +69,8 @@ def build_messages(system: str | None, prompt: str, images: list) -> list[dict]:
 
 
 def chat_inputs(rt, system: str | None, prompt: str, images: list) -> dict:
+    if not getattr(rt.processor, "chat_template", None):  # a base model: plain text, system first
+        return dict(rt.tokenizer("\n\n".join(filter(None, [system, prompt])), return_tensors="pt"))
     if not rt.manifest.is_multimodal:  # plain-string content suits every text chat template
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     else:

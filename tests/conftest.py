@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny preset checkpoints and their bundles, built once per test session.
+"""Shared fixtures: tiny preset checkpoints and their bundles, built once per test session
+(each fixture is a `functools.cache`d function of the preset name).
 
 An AOTInductor compile costs 20-60 s on 2 cores, so every bundle is exported once (through the CLI,
 which the tests thereby cover) and shared. Nothing is downloaded: presets are built locally.
@@ -6,6 +7,7 @@ which the tests thereby cover) and shared. Nothing is downloaded: presets are bu
 
 from __future__ import annotations
 
+import functools
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,30 +35,20 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     """checkpoint(name) -> directory of the preset's HF checkpoint (built once)."""
-    built = {}
-
-    def get(name: str):
-        if name not in built:
-            built[name] = build_preset(name, tmp_path_factory.mktemp(f"ckpt-{name}"))
-        return built[name]
-
-    return get
+    return functools.cache(lambda name: build_preset(name, tmp_path_factory.mktemp(f"ckpt-{name}")))
 
 
 @pytest.fixture(scope="session")
 def bundle(tmp_path_factory, checkpoint):
     """bundle(name) -> bundle directory exported by `aotpack export` (once per session)."""
-    built = {}
 
-    def get(name: str):
-        if name not in built:
-            out = tmp_path_factory.mktemp(f"bundle-{name}") / "bundle"
-            args = ["export", str(checkpoint(name)), "--out", str(out), "--max-cache-len", str(MAX_CACHE_LEN)]
-            assert aotpack(args + ["--batch-size", str(BATCH)]) == 0
-            built[name] = out
-        return built[name]
+    def export(name: str):
+        out = tmp_path_factory.mktemp(f"bundle-{name}") / "bundle"
+        args = ["export", str(checkpoint(name)), "--out", str(out), "--max-cache-len", str(MAX_CACHE_LEN)]
+        assert aotpack(args + ["--batch-size", str(BATCH)]) == 0
+        return out
 
-    return get
+    return functools.cache(export)
 
 
 @pytest.fixture(scope="session")
@@ -64,14 +56,7 @@ def runtime(bundle):
     """runtime(name) -> a loaded Runtime, shared."""
     from runtime import load
 
-    loaded = {}
-
-    def get(name: str):
-        if name not in loaded:
-            loaded[name] = load(bundle(name))
-        return loaded[name]
-
-    return get
+    return functools.cache(lambda name: load(bundle(name)))
 
 
 @pytest.fixture(scope="session")
@@ -79,14 +64,10 @@ def reference(checkpoint):
     """reference(name) -> the eager HF model loaded from the original checkpoint."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    loaded = {}
+    def load_reference(name: str):
+        path = checkpoint(name)
+        multimodal = getattr(AutoConfig.from_pretrained(path), "vision_config", None) is not None
+        auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
+        return auto.from_pretrained(path).eval()
 
-    def get(name: str):
-        if name not in loaded:
-            path = checkpoint(name)
-            multimodal = getattr(AutoConfig.from_pretrained(path), "vision_config", None) is not None
-            auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
-            loaded[name] = auto.from_pretrained(path).eval()
-        return loaded[name]
-
-    return get
+    return functools.cache(load_reference)
