@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -82,8 +81,6 @@ def _export(args) -> int:
         model=args.model, out=out, max_cache_len=args.max_cache_len, batch_size=args.batch_size, dtype=args.dtype,
         device=args.device, force=args.force, cpu_isa=args.cpu_isa,
     )
-    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the staging directory is removed.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     manifest = export(config, log=lambda msg: print(f"[aotpack] {msg}", file=sys.stderr, flush=True))
     p = manifest.parity
     print(f"wrote {out} in {manifest.build_seconds:.0f} s; parity max |Δlogit| {p.max_abs_logit_diff:.2e}, tokens match: {p.tokens_match}")

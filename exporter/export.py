@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +30,7 @@ from exporter.parity import check_parity
 from exporter.source import checkpoint_dir
 from runtime.bundle import sha256
 from runtime.decode import CompiledDecode
+from runtime.errors import ExportError
 from runtime.manifest import AOTPACK_VERSION, DECODE, FORMAT_VERSION, MANIFEST, Manifest, Parity
 
 
@@ -37,11 +41,36 @@ def export(config: ExportConfig, log=print) -> Manifest:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:  # BaseException too: Ctrl-C must not leave half a bundle behind
-        manifest = _build(config, staging, log)
-        _replace(staging, out)
+        with _signals_abort() as received:
+            manifest = _build(config, staging, log)
+            if received:  # the interrupt was swallowed somewhere inside the build: do not land
+                raise ExportError(f"export interrupted by signal {received[0]}; {out} was left as it was")
+            _replace(staging, out)
         return manifest
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def _signals_abort():
+    """SIGINT and SIGTERM abort the export. The handler raises at once, but CPython drops an exception
+    raised while a finalizer (`__del__`) runs, and libraries catch broadly, so the signal is also
+    recorded and checked before the bundle is renamed into place."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield received
+        return
+
+    def handler(signum, frame):
+        received.append(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _replace(staging: Path, out: Path) -> None:

@@ -273,12 +273,15 @@ def test_second_generation_in_the_same_thread_is_refused(rt):
 # ---- atomic export ---------------------------------------------------------------------------------
 
 
-def _interrupt_export(out: Path, extra: list[str], sig) -> int:
+def _interrupt_export(out: Path, extra: list[str], sig, scratch: Path) -> int:
+    """Start `aotpack export` in a subprocess and signal it as soon as it starts compiling. A fresh
+    Inductor cache makes the compile real (tens of seconds), so the signal lands inside it."""
     cmd = [sys.executable, "-m", "exporter.cli", "export", "tiny-llama", "--out", str(out), "--max-cache-len", "64", *extra]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
+    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache")}
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1], env=env)
     for line in proc.stderr:
         if "compiling with AOTInductor" in line:
-            time.sleep(2)  # inside the compile
+            time.sleep(0.5)
             proc.send_signal(sig)
             break
     proc.stderr.read()
@@ -287,17 +290,17 @@ def _interrupt_export(out: Path, extra: list[str], sig) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_export_leaves_the_target_as_it_was(copy, sig):
+def test_interrupted_export_leaves_the_target_as_it_was(copy, sig, tmp_path_factory):
     before = {p.name: p.read_bytes() for p in copy.iterdir()}
-    assert _interrupt_export(copy, ["--force"], sig) != 0
+    assert _interrupt_export(copy, ["--force"], sig, tmp_path_factory.mktemp("scratch")) != 0
     assert {p.name: p.read_bytes() for p in copy.iterdir()} == before
     assert sorted(p.name for p in copy.parent.iterdir()) == ["bundle"]  # no staging directory left
 
 
 @pytest.mark.slow
-def test_interrupted_fresh_export_leaves_nothing(tmp_path):
+def test_interrupted_fresh_export_leaves_nothing(tmp_path, tmp_path_factory):
     out = tmp_path / "new"
-    assert _interrupt_export(out, [], signal.SIGINT) != 0
+    assert _interrupt_export(out, [], signal.SIGINT, tmp_path_factory.mktemp("scratch")) != 0
     assert list(tmp_path.iterdir()) == []
 
 
