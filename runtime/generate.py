@@ -91,8 +91,10 @@ def _check_mask(input_ids, attention_mask) -> torch.Tensor:
         raise InvalidInputError(f"attention_mask has shape {shape}, input_ids has {tuple(input_ids.shape)}; they must match")
     if attention_mask.device != input_ids.device:
         raise InvalidInputError(f"attention_mask is on {attention_mask.device}, input_ids on {input_ids.device}")
-    if not torch.isin(attention_mask, torch.tensor([0, 1], device=attention_mask.device)).all():
-        raise InvalidInputError("attention_mask must hold only 0 and 1")
+    if attention_mask.is_floating_point() or attention_mask.is_complex() or not (
+        (attention_mask == 0) | (attention_mask == 1)
+    ).all():
+        raise InvalidInputError("attention_mask must hold only 0 and 1 (integer or bool)")
     if (attention_mask[:, -1] == 0).any():
         raise InvalidInputError("the batch is right-padded; decoding needs left padding (tokenizer.padding_side = 'left')")
     if (attention_mask.sum(-1) == 0).any():

@@ -185,6 +185,8 @@ IDS = torch.tensor([[5, 6, 7, 8]])
         (dict(input_ids=IDS.to("meta")), InvalidInputError, "is on meta, the bundle runs on cpu"),
         (dict(input_ids=IDS, attention_mask=torch.ones(1, 3)), InvalidInputError, "attention_mask has shape"),
         (dict(input_ids=IDS, attention_mask=torch.tensor([[1, 1, 1, 0]])), InvalidInputError, "right-padded"),
+        (dict(input_ids=IDS, attention_mask=torch.tensor([[0, 2, 1, 1]])), InvalidInputError, "only 0 and 1"),
+        (dict(input_ids=IDS, attention_mask=torch.ones(1, 4)), InvalidInputError, "only 0 and 1 \\(integer or bool\\)"),
         (dict(input_ids=IDS, max_new_tokens=0), InvalidInputError, "max_new_tokens must be a positive integer, got 0"),
         (dict(input_ids=IDS, max_new_tokens=-3), InvalidInputError, "max_new_tokens must be a positive integer, got -3"),
         (dict(input_ids=IDS, do_sample=True, temperature=0.0), InvalidInputError, "temperature=0.0 with do_sample=True"),
@@ -198,6 +200,12 @@ def test_invalid_generate_inputs(rt, kwargs, error, message):
     with pytest.raises(error, match=message):
         rt.generate(**kwargs)
     assert rt.generate(input_ids=IDS, max_new_tokens=2).shape == (1, 6)  # the runtime still works
+
+
+def test_bool_attention_mask_is_accepted(rt):
+    mask = torch.tensor([[False, True, True, True]])
+    expected = rt.generate(input_ids=IDS, attention_mask=mask.long(), max_new_tokens=6)
+    assert torch.equal(rt.generate(input_ids=IDS, attention_mask=mask, max_new_tokens=6), expected)
 
 
 def test_non_contiguous_prompt_is_copied_not_misread(rt):
