@@ -8,7 +8,6 @@ eager prefill and the compiled decode share one cache.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from runtime.cache import SlotCache, decode_masks, mask_argument
