@@ -12,7 +12,7 @@ import torch
 from runtime.cache import allocate
 from runtime.errors import ExportError
 from runtime.manifest import Parity
-from runtime.prefill import prefill, prompt_positions
+from runtime.prefill import DecodeCursor, prefill
 
 # Allowed max |logit difference|, relative to the largest reference logit (at least 1).
 RELATIVE_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
@@ -54,16 +54,10 @@ def check_parity(model, decode, layout, tokenizer, dtype: str, batch: int, steps
 
 
 def _teacher_forced(model, decode, layout, ids, mask, tokens, dtype, max_cache_len) -> list[torch.Tensor]:
-    batch, seq = ids.shape
-    kv = allocate(layout, batch, getattr(torch, dtype), ids.device)
-    positions = prompt_positions(mask)
-    logits = [prefill(model, kv, layout, ids, mask, positions)]  # each (b, vocab)
-    pad_mask = torch.zeros(batch, max_cache_len, dtype=torch.bool, device=ids.device)
-    pad_mask[:, :seq] = mask.bool()
-    position = positions[:, -1:]
+    kv = allocate(layout, ids.shape[0], getattr(torch, dtype), ids.device)
+    cursor = DecodeCursor(mask, max_cache_len)
+    logits = [prefill(model, kv, layout, ids, mask, cursor.prompt_positions)]  # each (b, vocab)
     for step in range(tokens.shape[1] - 1):
-        pad_mask[:, seq + step] = True
-        position = position + 1
-        index = torch.tensor([seq + step], device=ids.device)
-        logits.append(decode(tokens[:, step : step + 1].contiguous(), position, index, pad_mask, kv))
+        position, index = cursor.advance()
+        logits.append(decode(tokens[:, step : step + 1].contiguous(), position, index, cursor.pad_mask, kv))
     return logits

@@ -14,7 +14,7 @@ import torch
 from transformers import GenerationConfig
 
 from runtime.errors import CacheOverflowError, ImageInputError, InvalidInputError
-from runtime.prefill import prefill, prompt_positions
+from runtime.prefill import DecodeCursor, prefill
 from runtime.sampling import logits_processors, next_token
 
 # GenerationConfig fields a call may override; each maps onto transformers' own logits processors.
@@ -123,11 +123,9 @@ def iter_steps(bundle, request: Request, kv) -> Iterator[tuple[torch.Tensor, tor
     batch, seq = ids.shape
     new_tokens = request.config.max_new_tokens
     processors = logits_processors(bundle.model, request.config, seq, ids.device)
-    pad_mask = torch.zeros(batch, bundle.manifest.max_cache_len, dtype=torch.bool, device=ids.device)  # (B, L)
-    pad_mask[:, :seq] = mask.bool()
-    positions = prompt_positions(mask)  # (B, S)
-    scores = prefill(bundle.model, kv, bundle.layout, ids, mask, positions, **request.model_inputs)  # (B, vocab)
-    history, position = ids, positions[:, -1:]  # (B, S), (B, 1)
+    cursor = DecodeCursor(mask, bundle.manifest.max_cache_len)
+    scores = prefill(bundle.model, kv, bundle.layout, ids, mask, cursor.prompt_positions, **request.model_inputs)
+    history = ids  # (B, S)
     unfinished = torch.ones(batch, dtype=torch.bool, device=ids.device)
     eos = torch.tensor(request.eos_ids, dtype=torch.long, device=ids.device)
     for step in range(new_tokens):
@@ -138,11 +136,8 @@ def iter_steps(bundle, request: Request, kv) -> Iterator[tuple[torch.Tensor, tor
         if step + 1 == new_tokens or not unfinished.any():
             return
         history = torch.cat([history, token[:, None]], dim=-1)  # (B, S + step + 1)
-        cache_position = seq + step
-        pad_mask[:, cache_position] = True
-        position = position + 1
-        cache_index = torch.tensor([cache_position], device=ids.device)
-        scores = bundle.decode(token[:, None], position, cache_index, pad_mask, kv).float()  # (B, vocab)
+        position, cache_index = cursor.advance()
+        scores = bundle.decode(token[:, None], position, cache_index, cursor.pad_mask, kv).float()  # (B, vocab)
 
 
 def check_images(model_config, input_ids: torch.Tensor, model_inputs: dict) -> None:

@@ -20,6 +20,27 @@ def prompt_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return positions.masked_fill(attention_mask == 0, 0)
 
 
+class DecodeCursor:
+    """Where decoding stands after a prompt: the padding mask over absolute cache slots and each row's
+    rotary position. `advance()` admits one more token and returns that token's decode-step inputs."""
+
+    def __init__(self, attention_mask: torch.Tensor, max_cache_len: int):
+        batch, self.seq = attention_mask.shape
+        self.prompt_positions = prompt_positions(attention_mask)  # (B, S), for prefill
+        self.pad_mask = torch.zeros(batch, max_cache_len, dtype=torch.bool, device=attention_mask.device)  # (B, L)
+        self.pad_mask[:, : self.seq] = attention_mask.bool()
+        self.position = self.prompt_positions[:, -1:]  # (B, 1)
+        self.steps = 0
+
+    def advance(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (position_ids (B, 1), cache_position (1,)) of the next token fed to the decode step."""
+        index = self.seq + self.steps
+        self.steps += 1
+        self.pad_mask[:, index] = True
+        self.position = self.position + 1
+        return self.position, torch.tensor([index], device=self.pad_mask.device)
+
+
 @torch.inference_mode()
 def prefill(model: nn.Module, kv, layout, input_ids, attention_mask, position_ids, **model_inputs) -> torch.Tensor:
     """Run the prompt; returns the next-token logits (B, vocab) in fp32 and leaves the prompt in `kv`."""
