@@ -34,6 +34,9 @@ def dynamic_shapes(n_kv: int, batch: int):
     return ({0: b}, {0: b}, None, {0: b}, tuple({0: b} for _ in range(n_kv)))
 
 
+_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
 @contextmanager
 def grouped_query_sdpa():
     """While tracing, transformers' SDPA path expands K/V to every query head (`repeat_kv`), a copy of
@@ -49,9 +52,6 @@ def grouped_query_sdpa():
             del os.environ[_FORCE_GQA]
         else:
             os.environ[_FORCE_GQA] = previous
-
-
-_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
 @torch.no_grad()
