@@ -1,8 +1,10 @@
 """`aotpack bench`: HF eager, HF + torch.compile and aotpack on one model, prompt and machine.
 
-Owns: the benchmark plan. Each (dtype, system) runs in a fresh subprocess (`exporter.bench_worker`)
-so start-up costs are real; the bundle's build time is measured by running `aotpack export`. The
-roofline compares aotpack's decode step with the bytes it must read at the measured bandwidth.
+Owns: the benchmark plan. Each (dtype, round, system) runs in a fresh subprocess
+(`exporter.bench_worker`) so start-up costs are real; rounds interleave the systems, so a slow spell
+of this shared machine falls on all three rather than on one. The bundle's build time is measured by
+running `aotpack export`. The roofline compares aotpack's decode step with the bytes it must read at
+the measured bandwidth, and at the rate torch's own GEMV reads them.
 This is a benchmark, not a test: nothing here asserts a speed.
 """
 
@@ -23,7 +25,7 @@ import torch
 from exporter.bench_report import write_reports
 from exporter.bench_worker import SYSTEMS
 from exporter.presets import PRESETS, build_preset
-from exporter.roofline import bytes_per_step, read_bandwidth
+from exporter.roofline import bytes_per_step, gemv_bandwidth, read_bandwidth
 from runtime.bundle import read_manifest
 from runtime.errors import ExportError
 
@@ -42,10 +44,13 @@ class BenchConfig:
     threads: int = os.cpu_count() or 1
     out: Path = Path("artifacts/bench")
     systems: tuple[str, ...] = SYSTEMS
+    rounds: int = 1
 
     def __post_init__(self):
         if self.prompt_len < 1 or self.new_tokens <= 4:
             raise ExportError(f"--prompt-len must be >= 1 and --new-tokens > 4, got {self.prompt_len}, {self.new_tokens}")
+        if self.rounds < 1:
+            raise ExportError(f"--rounds must be >= 1, got {self.rounds}")
         if unknown := set(self.systems) - set(SYSTEMS):
             raise ExportError(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
 
@@ -101,10 +106,18 @@ def bench(config: BenchConfig, log=print) -> dict:
             bundle = Path(tmp) / f"bundle-{dtype}"
             log(f"[{dtype}] exporting the bundle")
             results["builds"][dtype] = _export(checkpoint, bundle, dtype, config.prompt_len + config.new_tokens)
-            results[f"roofline_{dtype}"] = bytes_per_step(bundle, read_manifest(bundle))
-            for system in config.systems:
-                log(f"[{dtype}] {system}")
-                path = bundle if system == "aotpack" else checkpoint
-                results["runs"].append(_measure(system, path, dtype, prompt, config, Path(tmp)))
+            results[f"roofline_{dtype}"] = _roofline(bundle, dtype, config.threads)
+            for round_ in range(config.rounds):
+                for system in config.systems:
+                    log(f"[{dtype}] round {round_ + 1}/{config.rounds}: {system}")
+                    path = bundle if system == "aotpack" else checkpoint
+                    run = _measure(system, path, dtype, prompt, config, Path(tmp) / f"round{round_}")
+                    results["runs"].append(run | {"round": round_})
     write_reports(results, config.out)
     return results
+
+
+def _roofline(bundle: Path, dtype: str, threads: int) -> dict:
+    step = bytes_per_step(bundle, read_manifest(bundle))
+    rows, cols = step["largest_weight"]
+    return step | {"gemv_gb_s": gemv_bandwidth(rows, cols, getattr(torch, dtype), threads) / 1e9}

@@ -1,8 +1,8 @@
 """One benchmark measurement in a fresh process: `python -m exporter.bench_worker ...` prints one JSON line.
 
 Owns: timing one system (HF eager, HF + torch.compile, or aotpack) from process start, so imports,
-loading and compiling all count towards time to first token and first-request latency. A second,
-warm request gives prefill ms and the steady decode ms/token.
+loading and compiling all count towards time to first token and first-request latency. Then
+`WARM_REQUESTS` warm requests give prefill ms and the steady decode ms/token (medians over them).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import sys
 import time
 
 SYSTEMS = ("hf_eager", "hf_compile", "aotpack")
-WARMUP_STEPS = 3  # decode steps skipped before the steady-state median
+WARMUP_STEPS = 3  # decode steps of each warm request skipped before the steady-state median
+WARM_REQUESTS = 3  # more samples per process: the machine is shared and single requests are noisy
 
 
 class Stamps:
@@ -90,28 +91,31 @@ def measure(args) -> dict:
     torch.set_num_threads(args.threads)
     model = _load(args.system, args.path, args.dtype)
     ids = torch.tensor([args.prompt], dtype=torch.long)
-    requests = []
-    for _ in range(2):  # first request: cold (compiles for hf_compile); second: warm
-        start = time.time()
-        with torch.inference_mode():
-            stamps = (
-                _aot_request(model, ids, args.new_tokens)
-                if args.system == "aotpack"
-                else _hf_request(model, ids, args.new_tokens, args.system == "hf_compile")
-            )
-        requests.append((start, stamps))
-    (_, cold), (warm_start, warm) = requests
-    steps = [b - a for a, b in zip(warm.times, warm.times[1:])][WARMUP_STEPS:]
+    requests = [_timed_request(args, model, ids) for _ in range(1 + WARM_REQUESTS)]  # the first is cold
+    (_, cold), warm = requests[0], requests[1:]
+    steps = [b - a for _, s in warm for a, b in list(zip(s.times, s.times[1:]))[WARMUP_STEPS:]]
     return {
         "system": args.system,
         "dtype": args.dtype,
         "time_to_first_token_s": cold.times[0] - args.spawned_at,
         "first_request_s": cold.times[-1] - args.spawned_at,
-        "prefill_ms": (warm.times[0] - warm_start) * 1e3,
+        "prefill_ms": statistics.median(s.times[0] - start for start, s in warm) * 1e3,
         "decode_ms_per_token": statistics.median(steps) * 1e3,
         "peak_rss_mib": peak_rss_mib(),
-        "tokens": warm.tokens,
+        "tokens": warm[0][1].tokens,
+        "tokens_stable": all(s.tokens == cold.tokens for _, s in warm),
     }
+
+
+def _timed_request(args, model, ids) -> tuple[float, Stamps]:
+    """(start time, stamps) of one request; hf_compile compiles during its first."""
+    import torch
+
+    start = time.time()
+    with torch.inference_mode():
+        if args.system == "aotpack":
+            return start, _aot_request(model, ids, args.new_tokens)
+        return start, _hf_request(model, ids, args.new_tokens, args.system == "hf_compile")
 
 
 def main(argv=None) -> None:

@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--new-tokens", type=int, default=64)
     b.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     b.add_argument("--out", type=Path, default=Path("artifacts/bench"))
+    b.add_argument("--rounds", type=int, default=1, help="fresh-process runs per system; figures are medians over rounds")
     for name, text in (("inspect", "print a bundle's manifest as a summary"), ("verify", "check a bundle without running it")):
         sub.add_parser(name, help=text).add_argument("bundle", type=Path)
     return p
@@ -105,7 +106,7 @@ def _bench(args) -> int:
 
     config = BenchConfig(
         model=args.model, dtypes=tuple(args.dtypes or ("float32", "bfloat16")), prompt_len=args.prompt_len,
-        new_tokens=args.new_tokens, threads=args.threads, out=args.out,
+        new_tokens=args.new_tokens, threads=args.threads, out=args.out, rounds=args.rounds,
     )
     bench(config, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     print((config.out / "bench.md").read_text())

@@ -19,7 +19,7 @@ from runtime.sampling import logits_processors, next_token
 
 # GenerationConfig fields a call may override; each maps onto transformers' own logits processors.
 GENERATE_KWARGS = (
-    "max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p",
+    "max_new_tokens", "max_length", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p",
     "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "eos_token_id", "pad_token_id",
 )
 
@@ -79,8 +79,27 @@ def validate(bundle, input_ids, attention_mask, config: GenerationConfig) -> tor
         bad = low if low < 0 else high
         raise InvalidInputError(f"token id {bad} is outside the vocabulary 0..{m.vocab_size - 1}; was it tokenized for another model?")
     attention_mask = _check_mask(input_ids, attention_mask)
+    config.max_new_tokens = new_token_budget(config, seq, bundle.model.config.get_text_config())
     _check_options(config, seq, m.max_cache_len)
     return attention_mask
+
+
+def new_token_budget(config: GenerationConfig, seq: int, text_config) -> int:
+    """HF generate's length rule: `max_new_tokens` wins; else `max_length` counts the prompt, when the
+    bundle's generation config or the call sets it; else HF's default length is counted after the
+    prompt, capped by the model's position limit."""
+    if config.max_new_tokens is not None:
+        return config.max_new_tokens
+    if config.max_length is not None:
+        if config.max_length <= seq:
+            raise InvalidInputError(
+                f"max_length={config.max_length} counts the prompt, which already has {seq} tokens; "
+                "raise max_length or pass max_new_tokens"
+            )
+        return config.max_length - seq
+    total = seq + GenerationConfig._get_default_generation_params()["max_length"]
+    limit = getattr(text_config, "max_position_embeddings", None)
+    return (min(total, limit) if limit else total) - seq
 
 
 def _check_mask(input_ids, attention_mask) -> torch.Tensor:

@@ -56,6 +56,21 @@ def test_generate_stops_on_eos_like_hf(runtime, reference):
     assert ours.shape[1] <= seq + 6
 
 
+@pytest.mark.parametrize("length", [{}, {"max_length": 7}], ids=["hf-default", "max_length"])
+def test_length_without_max_new_tokens_follows_hf(length, runtime, reference):
+    """No max_new_tokens: HF's default (20 tokens after the prompt) or a max_length counting the prompt.
+    min_new_tokens pins the count so that an early eos cannot hide a wrong budget."""
+    rt, model = runtime("tiny-llama"), reference("tiny-llama")
+    inputs = chat(rt.tokenizer, CONVERSATIONS[:1])
+    seq = inputs["input_ids"].shape[1]
+    length = {"max_length": seq + length["max_length"]} if length else {}
+    expected_new = length["max_length"] - seq if length else 20
+    ref = model.generate(**inputs, do_sample=False, min_new_tokens=expected_new, **length)
+    ours = rt.generate(**inputs, min_new_tokens=expected_new, **length)
+    assert ref.shape[1] == seq + expected_new
+    assert torch.equal(ours, ref)
+
+
 def test_seeded_sampling_matches_hf(runtime, reference):
     """Sampling uses transformers' warpers and an explicit generator: same seed, same tokens as HF."""
     rt, model = runtime("tiny-llama"), reference("tiny-llama")

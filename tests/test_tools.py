@@ -32,9 +32,36 @@ def test_bench_completes_and_writes_its_files(tmp_path, capsys):
     figures = results["derived"]["float32"]
     assert figures["tokens_equal_eager"] is True
     assert 0 < figures["pct_of_floor"] and figures["floor_ms"] > 0 and results["bandwidth_gb_s"] > 0
+    assert figures["gemv_gb_s"] > 0 and figures["gemv_floor_ms"] > 0 and figures["pct_of_gemv_floor"] > 0
     assert "| float32 | aotpack |" in (out / "bench.md").read_text()
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "first request" in capsys.readouterr().out
+
+
+def _synthetic_run(system: str, decode_ms: float, tokens: list[int], round_: int) -> dict:
+    return {"system": system, "dtype": "float32", "round": round_, "time_to_first_token_s": 1.0 + round_,
+            "first_request_s": 2.0 + round_, "prefill_ms": 10.0, "decode_ms_per_token": decode_ms,
+            "peak_rss_mib": 100.0, "tokens": tokens, "tokens_stable": True}
+
+
+def test_bench_report_takes_medians_over_rounds():
+    """Pure report logic on made-up figures: medians per system, the decode range, both floors."""
+    from exporter.bench_report import derived, medians
+
+    runs = [_synthetic_run("aotpack", ms, [1, 2], r) for r, ms in enumerate((50.0, 90.0, 40.0))]
+    runs += [_synthetic_run("hf_eager", ms, [1, 2] if r else [1, 3], r) for r, ms in enumerate((80.0, 70.0, 75.0))]
+    roofline = {"weight_bytes": 2e9, "kv_bytes": 1e8, "total_bytes": 2.1e9, "largest_weight": [8, 4], "gemv_gb_s": 50.0}
+    results = {"config": {"dtypes": ["float32"]}, "runs": runs, "bandwidth_gb_s": 100.0,
+               "roofline_float32": roofline, "builds": {"float32": 60.0}}
+    summary = medians(results)
+    aot = next(r for r in summary if r["system"] == "aotpack")
+    assert (aot["decode_ms_per_token"], aot["decode_range_ms"], aot["first_request_s"]) == (50.0, [40.0, 90.0], 3.0)
+    figures = derived(results, summary)["float32"]
+    assert figures["floor_ms"] == pytest.approx(21.0)  # 2.1 GB at 100 GB/s
+    assert figures["gemv_floor_ms"] == pytest.approx(41.0)  # 2 GB at 50 GB/s + 0.1 GB at 100 GB/s
+    assert figures["pct_of_gemv_floor"] == pytest.approx(82.0)
+    assert figures["decode_speedup_vs_eager"] == pytest.approx(1.5)
+    assert figures["tokens_equal_eager"] is False  # eager's first round chose other tokens
 
 
 @pytest.mark.slow
