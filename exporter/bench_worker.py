@@ -50,7 +50,7 @@ def _hf_request(model, ids, new_tokens: int, compiled: bool) -> Stamps:
     else:
         kwargs["disable_compile"] = True
     model.generate(
-        input_ids=ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        input_ids=ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=new_tokens,
         do_sample=False, streamer=stamps, **kwargs,
     )
     return stamps
@@ -58,7 +58,7 @@ def _hf_request(model, ids, new_tokens: int, compiled: bool) -> Stamps:
 
 def _aot_request(rt, ids, new_tokens: int) -> Stamps:
     stamps = Stamps()
-    for token in rt.iter_tokens(input_ids=ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens):
+    for token in rt.iter_tokens(input_ids=ids, max_new_tokens=new_tokens):
         stamps.times.append(time.time())
         stamps.tokens.append(int(token[0]))
     return stamps
@@ -92,6 +92,8 @@ def measure(args) -> dict:
     model = _load(args.system, args.path, args.dtype)
     ids = torch.tensor([args.prompt], dtype=torch.long)
     requests = [_timed_request(args, model, ids) for _ in range(1 + WARM_REQUESTS)]  # the first is cold
+    for _, stamps in requests:
+        _check_length(stamps, args.new_tokens)
     (_, cold), warm = requests[0], requests[1:]
     steps = [b - a for _, s in warm for a, b in list(zip(s.times, s.times[1:]))[WARMUP_STEPS:]]
     return {
@@ -105,6 +107,17 @@ def measure(args) -> dict:
         "tokens": warm[0][1].tokens,
         "tokens_stable": all(s.tokens == cold.tokens for _, s in warm),
     }
+
+
+def _check_length(stamps: Stamps, new_tokens: int) -> None:
+    """Greedy with no logits processor is the workload; `min_new_tokens` would force the length but
+    adds HF's MinNewTokensLengthLogitsProcessor (about 5 ms a step over a 262k vocabulary here) to every
+    system. So the prompt must simply not meet eos, and a run that does is refused, not reported."""
+    if len(stamps.tokens) != new_tokens:
+        raise SystemExit(
+            f"the model met eos after {len(stamps.tokens)} of {new_tokens} tokens, so the systems would decode "
+            "different lengths; choose another --prompt-len or --new-tokens"
+        )
 
 
 def _timed_request(args, model, ids) -> tuple[float, Stamps]:
