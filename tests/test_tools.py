@@ -31,7 +31,7 @@ def test_bench_completes_and_writes_its_files(tmp_path, capsys):
         assert len(run["tokens"]) == 8
     figures = results["derived"]["float32"]
     assert figures["tokens_equal_eager"] is True
-    assert 0 < figures["pct_of_floor"] and figures["floor_ms"] > 0 and results["bandwidth_gb_s"] > 0
+    assert 0 < figures["pct_of_floor"] and figures["floor_ms"] > 0 and figures["bandwidth_gb_s"] > 0
     assert figures["gemv_gb_s"] > 0 and figures["gemv_floor_ms"] > 0 and figures["pct_of_gemv_floor"] > 0
     assert "| float32 | aotpack |" in (out / "bench.md").read_text()
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -50,9 +50,9 @@ def test_bench_report_takes_medians_over_rounds():
 
     runs = [_synthetic_run("aotpack", ms, [1, 2], r) for r, ms in enumerate((50.0, 90.0, 40.0))]
     runs += [_synthetic_run("hf_eager", ms, [1, 2] if r else [1, 3], r) for r, ms in enumerate((80.0, 70.0, 75.0))]
-    roofline = {"weight_bytes": 2e9, "kv_bytes": 1e8, "total_bytes": 2.1e9, "largest_weight": [8, 4], "gemv_gb_s": 50.0}
-    results = {"config": {"dtypes": ["float32"]}, "runs": runs, "bandwidth_gb_s": 100.0,
-               "roofline_float32": roofline, "builds": {"float32": 60.0}}
+    roofline = {"weight_bytes": 2e9, "kv_bytes": 1e8, "total_bytes": 2.1e9, "largest_weight": [8, 4],
+                "bandwidth_gb_s": 100.0, "gemv_gb_s": 50.0}
+    results = {"config": {"dtypes": ["float32"]}, "runs": runs, "roofline_float32": roofline, "builds": {"float32": 60.0}}
     summary = medians(results)
     aot = next(r for r in summary if r["system"] == "aotpack")
     assert (aot["decode_ms_per_token"], aot["decode_range_ms"], aot["first_request_s"]) == (50.0, [40.0, 90.0], 3.0)
