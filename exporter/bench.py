@@ -4,7 +4,7 @@ Owns: the benchmark plan. Each (dtype, round, system) runs in a fresh subprocess
 (`exporter.bench_worker`) so start-up costs are real; rounds interleave the systems, so a slow spell
 of this shared machine falls on all three rather than on one. The bundle's build time is measured by
 running `aotpack export`. The roofline compares aotpack's decode step with the bytes it must read at
-the measured bandwidth, and at the rate torch's own GEMV reads them.
+the bandwidth measured in the same round, and at the rate torch's own GEMV reads them.
 This is a benchmark, not a test: nothing here asserts a speed.
 """
 
@@ -93,7 +93,7 @@ def machine() -> dict:
 
 def bench(config: BenchConfig, log=print) -> dict:
     results = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
-               "machine": machine(), "hf_compile_how": HF_COMPILE_NOTE, "runs": [], "builds": {}}
+               "machine": machine(), "hf_compile_how": HF_COMPILE_NOTE, "runs": [], "builds": {}, "read_rates": []}
     with tempfile.TemporaryDirectory(prefix="aotpack-bench-") as tmp:
         checkpoint = build_preset(config.model, Path(tmp) / "ckpt") if config.model in PRESETS else Path(config.model)
         from transformers import AutoConfig
@@ -104,22 +104,24 @@ def bench(config: BenchConfig, log=print) -> dict:
             bundle = Path(tmp) / f"bundle-{dtype}"
             log(f"[{dtype}] exporting the bundle")
             results["builds"][dtype] = _export(checkpoint, bundle, dtype, config.prompt_len + config.new_tokens)
-            log(f"[{dtype}] measuring read bandwidth and torch's GEMV")
-            results[f"roofline_{dtype}"] = _roofline(bundle, dtype, config.threads)
+            results[f"step_bytes_{dtype}"] = step = bytes_per_step(bundle, read_manifest(bundle))
             for round_ in range(config.rounds):
                 for system in config.systems:
                     log(f"[{dtype}] round {round_ + 1}/{config.rounds}: {system}")
                     path = bundle if system == "aotpack" else checkpoint
                     run = _measure(system, path, dtype, prompt, config, Path(tmp) / f"round{round_}")
                     results["runs"].append(run | {"round": round_})
+                # Right after aotpack's run: this machine's bandwidth drifts by a third within minutes,
+                # so each round's floor is measured next to the decode it is compared with.
+                log(f"[{dtype}] round {round_ + 1}/{config.rounds}: read bandwidth and torch's GEMV")
+                results["read_rates"].append({"dtype": dtype, "round": round_} | _read_rates(step, dtype, config.threads))
     write_reports(results, config.out)
     return results
 
 
-def _roofline(bundle: Path, dtype: str, threads: int) -> dict:
-    step = bytes_per_step(bundle, read_manifest(bundle))
+def _read_rates(step: dict, dtype: str, threads: int) -> dict:
     rows, cols = step["largest_weight"]
-    return step | {
+    return {
         "bandwidth_gb_s": read_bandwidth(step["total_bytes"], threads) / 1e9,
         "gemv_gb_s": gemv_bandwidth(rows, cols, getattr(torch, dtype), threads) / 1e9,
     }

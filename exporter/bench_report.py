@@ -58,19 +58,38 @@ def _run(summary: list[dict], system: str, dtype: str) -> dict | None:
     return next((r for r in summary if r["system"] == system and r["dtype"] == dtype), None)
 
 
+def _round_floors(results: dict, dtype: str) -> dict[int, dict]:
+    """Per round: the bandwidth floor and torch's GEMV ceiling (ms/token) from that round's read rates."""
+    step = results[f"step_bytes_{dtype}"]
+    floors = {}
+    for rate in (r for r in results["read_rates"] if r["dtype"] == dtype):
+        floors[rate["round"]] = {
+            "floor_ms": step["total_bytes"] / rate["bandwidth_gb_s"] / 1e6,
+            "gemv_floor_ms": (step["weight_bytes"] / rate["gemv_gb_s"] + step["kv_bytes"] / rate["bandwidth_gb_s"]) / 1e6,
+            "bandwidth_gb_s": rate["bandwidth_gb_s"],
+            "gemv_gb_s": rate["gemv_gb_s"],
+        }
+    return floors
+
+
+def _roofline(results: dict, dtype: str) -> dict:
+    """Medians over rounds of the floors, and of aotpack's decode as a percentage of each, taken
+    round by round (each round's floor is measured beside that round's decode)."""
+    floors = _round_floors(results, dtype)
+    out = {key: statistics.median(f[key] for f in floors.values()) for key in next(iter(floors.values()))}
+    decode = {r["round"]: r["decode_ms_per_token"] for r in results["runs"] if r["system"] == "aotpack" and r["dtype"] == dtype}
+    if decode:
+        for key, pct in (("floor_ms", "pct_of_floor"), ("gemv_floor_ms", "pct_of_gemv_floor")):
+            out[pct] = statistics.median(100 * floors[n][key] / ms for n, ms in decode.items())
+    return out
+
+
 def derived(results: dict, summary: list[dict]) -> dict:
     """Per dtype: floors, % of them, and each target ratio (absent where a system was not run)."""
     out = {}
     for dtype in results["config"]["dtypes"]:
         aot, eager, comp = (_run(summary, s, dtype) for s in ("aotpack", "hf_eager", "hf_compile"))
-        roof = results[f"roofline_{dtype}"]
-        floor_ms = roof["total_bytes"] / roof["bandwidth_gb_s"] / 1e6
-        gemv_floor_ms = (roof["weight_bytes"] / roof["gemv_gb_s"] + roof["kv_bytes"] / roof["bandwidth_gb_s"]) / 1e6
-        d = {"floor_ms": floor_ms, "bandwidth_gb_s": roof["bandwidth_gb_s"], "gemv_floor_ms": gemv_floor_ms,
-             "gemv_gb_s": roof["gemv_gb_s"], "build_s": results["builds"][dtype]}
-        if aot:
-            d["pct_of_floor"] = 100 * floor_ms / aot["decode_ms_per_token"]
-            d["pct_of_gemv_floor"] = 100 * gemv_floor_ms / aot["decode_ms_per_token"]
+        d = _roofline(results, dtype) | {"build_s": results["builds"][dtype]}
         if aot and eager:
             d["decode_speedup_vs_eager"] = eager["decode_ms_per_token"] / aot["decode_ms_per_token"]
             d["first_request_vs_eager"] = aot["first_request_s"] / eager["first_request_s"]
@@ -110,7 +129,7 @@ def markdown(results: dict, summary: list[dict], figures: dict) -> str:
         for label, key, show in TARGETS:
             if key in d:
                 lines.append(f"| {dtype} | {label} | {show(d)} |")
-    rows, cols = results[f"roofline_{c['dtypes'][0]}"]["largest_weight"]
+    rows, cols = results[f"step_bytes_{c['dtypes'][0]}"]["largest_weight"]
     gemv = ", ".join(f"{d['gemv_gb_s']:.1f} GB/s in {dtype}" for dtype, d in figures.items())
     lines += [
         "",

@@ -45,21 +45,24 @@ def _synthetic_run(system: str, decode_ms: float, tokens: list[int], round_: int
 
 
 def test_bench_report_takes_medians_over_rounds():
-    """Pure report logic on made-up figures: medians per system, the decode range, both floors."""
+    """Pure report logic on made-up figures: medians per system, the decode range, and both floors
+    paired round by round with aotpack's decode."""
     from exporter.bench_report import derived, medians
 
     runs = [_synthetic_run("aotpack", ms, [1, 2], r) for r, ms in enumerate((50.0, 90.0, 40.0))]
     runs += [_synthetic_run("hf_eager", ms, [1, 2] if r else [1, 3], r) for r, ms in enumerate((80.0, 70.0, 75.0))]
-    roofline = {"weight_bytes": 2e9, "kv_bytes": 1e8, "total_bytes": 2.1e9, "largest_weight": [8, 4],
-                "bandwidth_gb_s": 100.0, "gemv_gb_s": 50.0}
-    results = {"config": {"dtypes": ["float32"]}, "runs": runs, "roofline_float32": roofline, "builds": {"float32": 60.0}}
+    step = {"weight_bytes": 2e9, "kv_bytes": 1e8, "total_bytes": 2.1e9, "largest_weight": [8, 4]}
+    rates = [{"dtype": "float32", "round": r, "bandwidth_gb_s": bw, "gemv_gb_s": 50.0} for r, bw in enumerate((100.0, 50.0, 100.0))]
+    results = {"config": {"dtypes": ["float32"]}, "runs": runs, "step_bytes_float32": step, "read_rates": rates,
+               "builds": {"float32": 60.0}}
     summary = medians(results)
     aot = next(r for r in summary if r["system"] == "aotpack")
     assert (aot["decode_ms_per_token"], aot["decode_range_ms"], aot["first_request_s"]) == (50.0, [40.0, 90.0], 3.0)
     figures = derived(results, summary)["float32"]
-    assert figures["floor_ms"] == pytest.approx(21.0)  # 2.1 GB at 100 GB/s
+    assert figures["floor_ms"] == pytest.approx(21.0)  # 2.1 GB at 100 GB/s in rounds 0 and 2 (42 ms in round 1)
+    assert figures["pct_of_floor"] == pytest.approx(100 * 42 / 90)  # per round: 42 %, 46.7 %, 52.5 %
     assert figures["gemv_floor_ms"] == pytest.approx(41.0)  # 2 GB at 50 GB/s + 0.1 GB at 100 GB/s
-    assert figures["pct_of_gemv_floor"] == pytest.approx(82.0)
+    assert figures["pct_of_gemv_floor"] == pytest.approx(82.0)  # per round: 82 %, 46.7 %, 102.5 %
     assert figures["decode_speedup_vs_eager"] == pytest.approx(1.5)
     assert figures["tokens_equal_eager"] is False  # eager's first round chose other tokens
 
