@@ -104,7 +104,7 @@ def bench(config: BenchConfig, log=print) -> dict:
             bundle = Path(tmp) / f"bundle-{dtype}"
             log(f"[{dtype}] exporting the bundle")
             results["builds"][dtype] = _export(checkpoint, bundle, dtype, config.prompt_len + config.new_tokens)
-            results[f"step_bytes_{dtype}"] = step = bytes_per_step(bundle, read_manifest(bundle))
+            results[f"step_bytes_{dtype}"] = step = bytes_per_step(read_manifest(bundle))
             for round_ in range(config.rounds):
                 for system in config.systems:
                     log(f"[{dtype}] round {round_ + 1}/{config.rounds}: {system}")

@@ -1,22 +1,20 @@
 """The memory-bandwidth floor of one decode step, and the ceiling torch's own GEMV sets under it.
 
 Owns: measuring this machine's memory read bandwidth on the spot (over as many bytes as a step
-reads), counting the bytes a decode step
-must read (every weight it uses: the embedding table counts as one row, unless it is also the
-`lm_head`, which reads all of it; plus the KV cache as allocated, which attention reads whole), and
-measuring how fast torch's batch-1 `linear` reads a weight of the model's largest shape. A batch-1
+reads), counting the bytes a decode step must read (every weight it uses: the embedding table counts
+as one row, unless it is also the `lm_head`, which reads all of it; plus the KV cache as allocated,
+which attention reads whole), and measuring how fast torch's batch-1 `linear` reads a weight of the model's largest shape. A batch-1
 decode step is a chain of such GEMVs, so that rate, not the bandwidth, is what any torch-kernel
 decode (eager, torch.compile or AOTInductor, which all call it) can reach.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from runtime.manifest import Manifest
 
@@ -58,25 +56,20 @@ def gemv_bandwidth(rows: int, cols: int, dtype: torch.dtype, threads: int, repea
     return weight.numel() * weight.element_size() / seconds
 
 
-def bytes_per_step(bundle: Path, manifest: Manifest) -> dict:
-    """Weight bytes and KV bytes one decode step (batch 1) reads."""
-    handles = {p.name: safe_open(str(p), "pt") for p in Path(bundle).glob("*.safetensors")}
-    shapes = {key: h.get_slice(key) for h in handles.values() for key in h.keys()}
-    itemsize = torch.empty((), dtype=getattr(torch, manifest.dtype)).element_size()
-    by_path: dict[str, str] = {}  # eager tensor -> one constant name using it
+def bytes_per_step(manifest: Manifest) -> dict:
+    """Weight bytes and KV bytes one decode step (batch 1) reads, from the manifest's constants (each
+    records its dtype and shape); non-persistent buffers such as rotary `inv_freq` are not weights."""
+    seen: set[str] = set()  # eager tensors already counted: a tied weight backs two constants
     weights, largest = 0, (0, 0)
     for const in manifest.constants:
-        if const.safetensors_key is None or const.module_path in by_path:
+        if const.safetensors_key is None or const.module_path in seen:
             continue
-        by_path[const.module_path] = const.name
-        shape = shapes[const.safetensors_key].get_shape()
-        numel = 1
-        for n in shape:
-            numel *= n
+        seen.add(const.module_path)
+        numel, itemsize = math.prod(const.shape), torch.empty((), dtype=getattr(torch, const.dtype)).element_size()
         is_table = const.module_path.endswith("embed_tokens.weight")
         tied = is_table and any(c.name.endswith("lm_head.weight") and c.module_path == const.module_path for c in manifest.constants)
-        weights += (shape[-1] if is_table and not tied else numel) * itemsize
-        if len(shape) == 2 and (tied or not is_table) and numel > largest[0] * largest[1]:
-            largest = tuple(shape)
+        weights += (const.shape[-1] if is_table and not tied else numel) * itemsize
+        if len(const.shape) == 2 and (tied or not is_table) and numel > math.prod(largest):
+            largest = const.shape
     kv = sum(manifest.cache_bytes) // manifest.batch_size
     return {"weight_bytes": weights, "kv_bytes": kv, "total_bytes": weights + kv, "largest_weight": list(largest)}
