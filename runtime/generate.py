@@ -42,9 +42,10 @@ def merge_config(defaults: GenerationConfig, overrides: dict) -> GenerationConfi
     unknown = sorted(set(overrides) - set(GENERATE_KWARGS))
     if unknown:
         raise InvalidInputError(f"unsupported generate() arguments {unknown}; supported: {list(GENERATE_KWARGS)}")
-    new = overrides.get("max_new_tokens")
-    if new is not None and (not isinstance(new, int) or isinstance(new, bool) or new < 1):
-        raise InvalidInputError(f"max_new_tokens must be a positive integer, got {new!r}")
+    for name in ("max_new_tokens", "max_length"):
+        value = overrides.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
     config = copy.deepcopy(defaults)
     try:
         config.update(**{k: v for k, v in overrides.items() if v is not None})

@@ -190,6 +190,7 @@ IDS = torch.tensor([[5, 6, 7, 8]])
         (dict(input_ids=IDS, max_new_tokens=0), InvalidInputError, "max_new_tokens must be a positive integer, got 0"),
         (dict(input_ids=IDS, max_new_tokens=-3), InvalidInputError, "max_new_tokens must be a positive integer, got -3"),
         (dict(input_ids=IDS, max_new_tokens=None, max_length=4), InvalidInputError, "max_length=4 counts the prompt, which already has 4"),
+        (dict(input_ids=IDS, max_new_tokens=None, max_length="8"), InvalidInputError, "max_length must be a positive integer, got '8'"),
         (dict(input_ids=IDS, max_new_tokens=None, max_length=200), CacheOverflowError, "plus max_new_tokens=196 needs 200 cache slots"),
         (dict(input_ids=IDS, do_sample=True, temperature=0.0), InvalidInputError, "temperature=0.0 with do_sample=True"),
         (dict(input_ids=IDS, do_sample=True, temperature=-1.0), InvalidInputError, "temperature=-1.0 with do_sample=True"),
