@@ -43,10 +43,13 @@ def main() -> None:
     rt = load(args.out)
     messages = [
         {"role": "system", "content": [{"type": "text", "text": "You are a helpful assistant."}]},
-        {"role": "user", "content": [
-            {"type": "image", "image": open_images([args.image])[0]},
-            {"type": "text", "text": "Describe this image in detail."},
-        ]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": open_images([args.image])[0]},
+                {"type": "text", "text": "Describe this image in detail."},
+            ],
+        },
     ]
     inputs = rt.processor.apply_chat_template(
         messages, tokenize=True, return_dict=True, return_tensors="pt", add_generation_prompt=True

@@ -6,13 +6,18 @@ model is loaded or compiled.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.errors import ExportError
-from runtime.manifest import DEVICES, DTYPES
+from runtime.manifest import DEVICES, DTYPES, MANIFEST
+from runtime.quant import GROUP_SIZES, INT4, METHODS, QuantSpec
 
 CPU_ISAS = ("native", "avx2")
+MAX_CACHE_LEN = 1 << 20  # tokens: more than any model here attends to; a typo of 10**12 fails here, not in malloc
+MAX_BATCH = 1024
+GEMV_POLICIES = ("tune", "aten", "reduce")
 
 
 @dataclass(frozen=True)
@@ -25,13 +30,18 @@ class ExportConfig:
     device: str = "cpu"
     force: bool = False
     cpu_isa: str = "native"  # "avx2": a portable bundle that runs on any AVX2 x86-64 CPU
+    quantize: str | None = None  # "int8" or "int4": weight-only quantization of the text decoder
+    group_size: int | None = None  # int4 columns per scale (default 32)
+    accuracy: bool = True  # score a reduced-precision bundle against its float32 model
+    gemv: str = "tune"  # "tune": time each weight shape's kernels here; "aten"/"reduce": one family, untimed
+    sign_key: Path | None = None  # elliptic-curve private key (PEM): sign the bundle (runtime.signing)
     parity_steps: int = 8
 
     def __post_init__(self):
-        for key in ("max_cache_len", "batch_size", "parity_steps"):
+        for key, limit in (("max_cache_len", MAX_CACHE_LEN), ("batch_size", MAX_BATCH), ("parity_steps", 1024)):
             value = getattr(self, key)
-            if not isinstance(value, int) or value < 1:
-                raise ExportError(f"--{key.replace('_', '-')} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+                raise ExportError(f"--{key.replace('_', '-')} must be an integer from 1 to {limit}, got {value!r}")
         if self.max_cache_len < 2:
             raise ExportError(f"--max-cache-len {self.max_cache_len} leaves no room to decode; use at least 2")
         if self.dtype not in DTYPES:
@@ -42,9 +52,49 @@ class ExportConfig:
             raise ExportError(f"--cpu-isa {self.cpu_isa!r} is not supported; choose one of {CPU_ISAS}")
         if self.device == "cuda" and self.cpu_isa != "native":
             raise ExportError("--cpu-isa applies to CPU bundles only; drop it for --device cuda")
-        out = Path(self.out)
-        object.__setattr__(self, "out", out)
-        if out.exists() and not self.force:
-            raise ExportError(f"{out} already exists; pass --force to replace it (it is kept until the new bundle is complete)")
-        if out.exists() and not out.is_dir():
+        self._check_quantization()
+        if self.gemv not in GEMV_POLICIES:
+            raise ExportError(f"--gemv {self.gemv!r} is not supported; choose one of {GEMV_POLICIES}")
+        object.__setattr__(self, "out", Path(self.out))
+        self._check_out()
+        if self.sign_key is not None and not Path(self.sign_key).is_file():
+            raise ExportError(f"--sign-key {self.sign_key} does not exist; give an elliptic-curve private key (PEM)")
+
+    def _check_out(self) -> None:
+        """--out must be creatable, and --force replaces only an aotpack bundle (or an empty folder):
+        a user's directory of other files is never deleted."""
+        out = self.out
+        parent = next((p for p in out.absolute().parents if p.exists()), None)
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise ExportError(f"--out {out}: {parent} is not a writable directory; choose another --out")
+        if not out.exists() and not out.is_symlink():
+            return
+        if not self.force:
+            raise ExportError(
+                f"{out} already exists; pass --force to replace it (it is kept until the new bundle is complete)"
+            )
+        if out.is_symlink() or not out.is_dir():
             raise ExportError(f"{out} exists and is not a directory; choose another --out")
+        if any(out.iterdir()) and not (out / MANIFEST).is_file():
+            raise ExportError(f"{out} is not an aotpack bundle (no {MANIFEST}); --force replaces bundles only")
+
+    def _check_quantization(self) -> None:
+        if self.quantize is not None and self.quantize not in METHODS:
+            raise ExportError(f"--quantize {self.quantize!r} is not supported; choose one of {METHODS}")
+        if self.group_size is not None and self.quantize != INT4:
+            raise ExportError(
+                f"--group-size applies to --quantize int4 only (int8 keeps one scale per row); got {self.quantize}"
+            )
+        if self.group_size is not None and self.group_size not in GROUP_SIZES:
+            raise ExportError(f"--group-size {self.group_size!r} is not supported; choose one of {GROUP_SIZES}")
+
+    @property
+    def quant_spec(self) -> QuantSpec | None:
+        if self.quantize is None:
+            return None
+        return QuantSpec(self.quantize, (self.group_size or 32) if self.quantize == INT4 else None)
+
+    @property
+    def measures_accuracy(self) -> bool:
+        """Reduced precision (quantized, or a 16-bit dtype) is scored against the float32 model."""
+        return self.accuracy and (self.quantize is not None or self.dtype != "float32")

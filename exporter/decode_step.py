@@ -1,18 +1,18 @@
 """The single-token decode step as an `nn.Module` that `torch.export` can trace.
 
-Owns: the graph's signature. Inputs are the new token, its rotary position, its absolute cache index,
-the padding mask over cache indices and the flat KV cache; the output is the next-token logits. The
+Owns: the traced computation. Its inputs are runtime.contract's STEP_INPUTS (the new token, its rotary
+position, its absolute cache index, the padding mask over cache indices) and the flat KV cache; the
+output is the next-token logits. The
 cache tensors are graph *inputs*, so the compiled kernels write the caller's tensors in place and the
 eager prefill and the compiled decode share one cache.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from runtime.cache import SlotCache, decode_masks, mask_argument
-
-INPUT_NAMES = ("input_ids", "position_ids", "cache_position", "pad_mask")
 
 
 class TextHead(nn.Module):
@@ -28,7 +28,11 @@ class TextHead(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, cache, use_cache):
         out = self.language_model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=use_cache
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
         )
         return self.lm_head(out.last_hidden_state[:, -1:])
 
@@ -36,15 +40,16 @@ class TextHead(nn.Module):
 class DecodeStep(nn.Module):
     """input_ids (B, 1), position_ids (B, 1), cache_position (1,), pad_mask (B, L) bool, *kv -> logits (B, vocab)."""
 
-    def __init__(self, lm: nn.Module, layout, is_text_head: bool):
+    def __init__(self, lm: nn.Module, layout, is_text_head: bool, additive_mask_dtype: torch.dtype | None = None):
         super().__init__()
         self.lm = lm
         self.layout = tuple(layout)
         self.is_text_head = is_text_head
+        self.additive_mask_dtype = additive_mask_dtype  # eager attention (no SDPA) adds float masks
 
     def forward(self, input_ids, position_ids, cache_position, pad_mask, *kv):
         cache = SlotCache(list(kv), self.layout, cache_position)
-        mask = mask_argument(decode_masks(pad_mask, cache_position, self.layout))
+        mask = mask_argument(decode_masks(pad_mask, cache_position, self.layout), self.additive_mask_dtype)
         kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True)
         if self.is_text_head:
             logits = self.lm(**kwargs)  # (B, 1, vocab)

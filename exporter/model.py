@@ -12,9 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, GenerationMixin
-from transformers.cache_utils import get_layer_types_and_kwargs
-from transformers.configuration_utils import get_head_shapes
 
+from exporter import compat
 from exporter.decode_step import DecodeStep, TextHead
 from runtime.cache import FULL, SLIDING, LayerLayout
 from runtime.errors import ExportError
@@ -24,16 +23,21 @@ def is_multimodal(config) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
-def load_model(checkpoint: Path, dtype: str, device: str) -> nn.Module:
+def load_model(checkpoint: Path, dtype: str, device: str) -> tuple[nn.Module, str]:
+    """(the eager model, its attention implementation): SDPA where the model supports it, else eager
+    attention (Gemma 2's logit softcapping has no SDPA form); the parity gate checks either."""
     config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
     auto = AutoModelForImageTextToText if is_multimodal(config) else AutoModelForCausalLM
-    try:
-        model = auto.from_pretrained(
-            checkpoint, dtype=getattr(torch, dtype), local_files_only=True, attn_implementation="sdpa"
-        )
-    except ValueError as e:  # transformers' "Unrecognized configuration class ..."
-        raise ExportError(f"{type(config).__name__} has no causal-LM or image-text-to-text class: {e}") from e
-    return model.to(device).eval()
+    for attention in ("sdpa", "eager"):
+        try:
+            model = auto.from_pretrained(
+                checkpoint, dtype=getattr(torch, dtype), local_files_only=True, attn_implementation=attention
+            )
+            return model.to(device).eval(), attention
+        except ValueError as e:  # transformers' "Unrecognized configuration class ...", or no SDPA support
+            if "scaled_dot_product_attention" not in str(e):
+                raise ExportError(f"{type(config).__name__} has no causal-LM or image-text-to-text class: {e}") from e
+    raise ExportError(f"{type(config).__name__} could not be loaded with SDPA or eager attention")
 
 
 def text_config(model: nn.Module):
@@ -43,13 +47,13 @@ def text_config(model: nn.Module):
 def cache_layout(model: nn.Module, max_cache_len: int) -> tuple[LayerLayout, ...]:
     """One LayerLayout per decoder layer; refuses layer kinds the decode step cannot hold."""
     config = text_config(model)
-    layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
-    num_kv_heads, head_dim = get_head_shapes(config)
+    layer_types, layer_kwargs = compat.layer_types_and_kwargs(config)
+    num_kv_heads, head_dim = compat.head_shapes(config)
     n = len(layer_types)
     heads = num_kv_heads if isinstance(num_kv_heads, list) else [num_kv_heads] * n
     dims = head_dim if isinstance(head_dim, list) else [head_dim] * n
     layout = []
-    for kind, kwargs, h, d in zip(layer_types, layer_kwargs, heads, dims):
+    for kind, kwargs, h, d in zip(layer_types, layer_kwargs, heads, dims, strict=True):
         if kind == FULL:
             layout.append(LayerLayout(FULL, max_cache_len, None, h, d))
         elif kind == SLIDING:
@@ -61,7 +65,9 @@ def cache_layout(model: nn.Module, max_cache_len: int) -> tuple[LayerLayout, ...
                 f"{FULL!r} and {SLIDING!r} layers"
             )
     if len({layer.window for layer in layout if layer.kind == SLIDING}) > 1:
-        raise ExportError(f"{type(model).__name__} mixes several sliding windows; aotpack supports one window per model")
+        raise ExportError(
+            f"{type(model).__name__} mixes several sliding windows; aotpack supports one window per model"
+        )
     return tuple(layout)
 
 
@@ -69,6 +75,8 @@ def decode_module(model: nn.Module, layout) -> DecodeStep:
     """The decode step over the text path only: a VLM's vision tower stays out of the graph."""
     if not isinstance(model, GenerationMixin):
         raise ExportError(f"{type(model).__name__} has no generation KV cache; aotpack exports decoder LMs only")
+    additive = model.dtype if text_config(model)._attn_implementation == "eager" else None
     if is_multimodal(model.config):
-        return DecodeStep(TextHead(model.get_decoder(), model.get_output_embeddings()), layout, is_text_head=True)
-    return DecodeStep(model, layout, is_text_head=False)
+        head = TextHead(model.get_decoder(), model.get_output_embeddings())
+        return DecodeStep(head, layout, is_text_head=True, additive_mask_dtype=additive)
+    return DecodeStep(model, layout, is_text_head=False, additive_mask_dtype=additive)

@@ -35,15 +35,20 @@ def check_parity(model, decode, layout, tokenizer, dtype: str, batch: int, steps
     ids, mask = parity_prompt(tokenizer, min(batch, 2), max(1, max_cache_len // 2), device)  # leave room to decode
     steps = min(steps, max_cache_len - ids.shape[1])
     ref = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-        output_logits=True, return_dict_in_generate=True,
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
     )
     ref_tokens = ref.sequences[:, ids.shape[1] :]  # (b, steps)
     ours = _teacher_forced(model, decode, layout, ids, mask, ref_tokens, dtype, max_cache_len)
-    diff = max((o - r.float()).abs().max().item() for o, r in zip(ours, ref.logits))
+    diff = max((o - r.float()).abs().max().item() for o, r in zip(ours, ref.logits, strict=True))
     scale = max(1.0, max(r.float().abs().max().item() for r in ref.logits))
     tolerance = RELATIVE_TOLERANCE[dtype] * scale
-    match = all(torch.equal(o.argmax(-1), r.argmax(-1)) for o, r in zip(ours, ref.logits))
+    match = all(torch.equal(o.argmax(-1), r.argmax(-1)) for o, r in zip(ours, ref.logits, strict=True))
     report = Parity(steps=steps, max_abs_logit_diff=diff, tolerance=tolerance, tokens_match=match)
     if diff > tolerance or (dtype == "float32" and not match):
         raise ExportError(

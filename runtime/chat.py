@@ -15,6 +15,7 @@ import torch
 
 from runtime.bundle import read_manifest
 from runtime.errors import ImageInputError, InvalidInputError
+from runtime.options import check_options
 from runtime.text import stream_text
 
 
@@ -34,8 +35,14 @@ class RunConfig:
     def __post_init__(self):
         if not self.prompt:
             raise InvalidInputError("--prompt is empty; give the text to answer")
-        if self.threads is not None and self.threads < 1:
-            raise InvalidInputError(f"--threads {self.threads} must be at least 1")
+        if self.threads is not None:
+            from runtime.runtime import check_threads
+
+            check_threads(self.threads)
+        sampling = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        check_options(sampling | {"max_new_tokens": self.max_new_tokens}, vocab_size=1)
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise InvalidInputError(f"--seed {self.seed} must be from 0 to 2**64 - 1")
 
     @property
     def do_sample(self) -> bool:
@@ -43,7 +50,8 @@ class RunConfig:
 
 
 def open_images(paths) -> list:
-    """Open and fully decode each image file, so a bad file fails here and not inside the model."""
+    """Open and fully decode each image file, so a bad file fails here and not inside the model. PIL
+    refuses images of more than 2x its MAX_IMAGE_PIXELS (decompression bombs)."""
     from PIL import Image, UnidentifiedImageError
 
     images = []
@@ -53,8 +61,12 @@ def open_images(paths) -> list:
                 images.append(img.convert("RGB"))
         except FileNotFoundError:
             raise ImageInputError(f"image file {str(path)!r} does not exist") from None
-        except (UnidentifiedImageError, OSError) as e:
-            raise ImageInputError(f"{str(path)!r} is not a readable image ({e}); pass a PNG, JPEG or other PIL format") from None
+        except Image.DecompressionBombError as e:
+            raise ImageInputError(f"{str(path)!r} is too large to decode safely ({e})") from None
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise ImageInputError(
+                f"{str(path)!r} is not a readable image ({e}); pass a PNG, JPEG or other PIL format"
+            ) from None
     return images
 
 
@@ -75,7 +87,11 @@ def chat_inputs(rt, system: str | None, prompt: str, images: list) -> dict:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     else:
         messages = build_messages(system, prompt, images)
-    return dict(rt.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"))
+    return dict(
+        rt.processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+        )
+    )
 
 
 def run(config: RunConfig, out=None) -> dict:
@@ -98,8 +114,11 @@ def run(config: RunConfig, out=None) -> dict:
         out.flush()
     prefill_ms = (stamps[0] - start) * 1e3
     decode_ms = (stamps[-1] - stamps[0]) * 1e3 / max(len(stamps) - 1, 1)
-    print(f"\n[prefill {prefill_ms:.1f} ms, {inputs['input_ids'].shape[1]} tokens | decode {decode_ms:.2f} ms/token, "
-          f"{len(stamps)} tokens]", file=sys.stderr)
+    print(
+        f"\n[prefill {prefill_ms:.1f} ms, {inputs['input_ids'].shape[1]} tokens | decode {decode_ms:.2f} ms/token, "
+        f"{len(stamps)} tokens]",
+        file=sys.stderr,
+    )
     return {"prefill_ms": prefill_ms, "decode_ms_per_token": decode_ms, "new_tokens": len(stamps)}
 
 

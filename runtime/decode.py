@@ -1,18 +1,25 @@
 """The compiled single-token decode step, loaded from the bundle's `.pt2`.
 
-Owns: loading the AOTInductor package, lending it the eager model's weight tensors (no second copy),
-and calling it. AOTInductor validates nothing, so `CompiledDecode.__call__` checks shapes, dtypes,
-devices and contiguity of every input before the native call.
+Owns: loading the AOTInductor package, checking it was compiled for the manifest's signature, lending
+it the eager model's weight tensors (no second copy), and calling it. AOTInductor validates nothing, so
+every call is checked against the bundle's DecodeContract (runtime.contract) before the native call.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from runtime.errors import BundleError, InvalidInputError
+from runtime import compat
+from runtime.contract import DecodeContract
+from runtime.errors import BundleError, IntegrityError
 from runtime.manifest import Manifest
 
 
@@ -46,56 +53,57 @@ def _eager_tensor(model: nn.Module, const) -> torch.Tensor:
 
 
 class CompiledDecode:
-    """input_ids (b, 1), position_ids (b, 1), cache_position (1,), pad_mask (b, L), kv -> logits (b, vocab)."""
+    """The compiled step, called through the bundle's DecodeContract:
+    input_ids (b, 1), position_ids (b, 1), cache_position (1,), pad_mask (b, L), kv -> logits (b, vocab)."""
 
-    def __init__(self, package: Path, model: nn.Module, manifest: Manifest):
+    def __init__(self, package: Path, model: nn.Module, manifest: Manifest, sha256: str | None = None):
+        """`sha256`: what the package's bytes must hash to (the manifest's entry); the loaded code is then
+        exactly the verified bytes, even if the bundle's file is replaced meanwhile."""
         self.manifest = manifest
+        self.contract = DecodeContract.of(manifest)
         constants = lend_constants(model, manifest)
-        # The C++ loader itself: `torch._inductor.aoti_load_package` wraps the same object but imports
-        # torch._inductor and torch._dynamo first, about 3 s of start-up that loading never needs.
-        self._loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+        with _private_copy(Path(package), sha256) as private:
+            try:
+                self._loader = compat.load_aoti_package(str(private))
+            except RuntimeError as e:  # a damaged package whose hash was recomputed, a missing symbol
+                raise BundleError(
+                    f"{Path(package).name} could not be loaded ({str(e)[:300]}); re-export the bundle"
+                ) from None
+        self.contract.check_package(self._loader.get_metadata())  # before any native call
         expected = set(self._loader.get_constant_fqns())
         if expected != set(constants):
             raise BundleError(
                 f"compiled decode expects constants {sorted(expected - set(constants))[:5]} the manifest does "
                 "not provide; the bundle is inconsistent, re-export it"
             )
-        # (constants, use_inactive, check_full_update, user_managed, allow_h2d_copy). user_managed: the
-        # .so keeps our tensor handles, so eager prefill and decode share one copy of every weight.
-        self._loader.load_constants(constants, False, True, True, False)
+        compat.lend_constants(self._loader, constants)  # user-managed: one copy of every weight
         self._run = self._loader.run  # flat inputs: no per-step pytree flattening
-        self.device = torch.device(manifest.device)
 
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> torch.Tensor:
-        self._check_inputs(input_ids, position_ids, cache_position, pad_mask, kv)
-        return self._run([input_ids, position_ids, cache_position, pad_mask, *kv])[0]
-
-    def _check_inputs(self, input_ids, position_ids, cache_position, pad_mask, kv) -> None:
-        m = self.manifest
-        batch = input_ids.shape[0]
-        if not 1 <= batch <= m.batch_size:
-            raise InvalidInputError(f"batch {batch} is outside this bundle's 1..{m.batch_size}; re-export with --batch-size {batch}")
-        _expect("input_ids", input_ids, (batch, 1), torch.long, self.device)
-        _expect("position_ids", position_ids, (batch, 1), torch.long, self.device)
-        _expect("cache_position", cache_position, (1,), torch.long, self.device)
-        _expect("pad_mask", pad_mask, (batch, m.max_cache_len), torch.bool, self.device)
-        if not 0 <= int(cache_position) < m.max_cache_len:
-            raise InvalidInputError(f"cache_position {int(cache_position)} is outside the cache's 0..{m.max_cache_len - 1}")
-        dtype = getattr(torch, m.dtype)
-        for i, layer in enumerate(m.cache_layout):
-            for j, name in enumerate(("keys", "values")):
-                shape = (batch, layer.num_kv_heads, layer.slots, layer.head_dim)
-                _expect(f"layer {i} {name}", kv[2 * i + j], shape, dtype, self.device)
+        inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
+        self.contract.check(inputs)
+        return self._run(inputs)[0]
 
 
-def _expect(name: str, t: torch.Tensor, shape, dtype, device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise InvalidInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if tuple(t.shape) != tuple(shape):
-        raise InvalidInputError(f"{name} has shape {tuple(t.shape)}, the compiled decode needs {tuple(shape)}")
-    if t.dtype != dtype:
-        raise InvalidInputError(f"{name} has dtype {t.dtype}, the compiled decode needs {dtype}")
-    if t.device.type != device.type:
-        raise InvalidInputError(f"{name} is on {t.device}, the compiled decode runs on {device}")
-    if not t.is_contiguous():
-        raise InvalidInputError(f"{name} is not contiguous; call .contiguous() first")
+@contextmanager
+def _private_copy(package: Path, sha256: str | None):
+    """The package's bytes, checked against `sha256`, in a fresh private directory that is also where
+    the AOTInductor loader unpacks the `.so` (it follows TMPDIR). Checking the file and then loading the
+    same path would let a swap in between run unchecked code; and a failed load used to leave its
+    unpacked `/tmp/aotinductor_*` behind. The directory goes once the loader has mapped the `.so`."""
+    private = Path(tempfile.mkdtemp(prefix="aotpack-decode-"))
+    previous = os.environ.get("TMPDIR")
+    try:
+        data = package.read_bytes()
+        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+            raise IntegrityError(f"{package.name} changed after it was verified; re-verify or re-export the bundle")
+        copy = private / package.name
+        copy.write_bytes(data)
+        os.environ["TMPDIR"] = str(private)
+        yield copy
+    finally:
+        if previous is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous
+        shutil.rmtree(private, ignore_errors=True)

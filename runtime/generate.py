@@ -12,15 +12,34 @@ from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig
+from transformers.generation import LogitsProcessorList
 
+from runtime import compat
 from runtime.errors import CacheOverflowError, ImageInputError, InvalidInputError
+from runtime.options import check_generator, check_options
 from runtime.prefill import DecodeCursor, prefill
-from runtime.sampling import logits_processors, next_token
+from runtime.sampling import next_token
+
+# Prefill inputs a processor may return besides input_ids / attention_mask.
+MULTIMODAL_INPUTS = ("pixel_values", "token_type_ids")
 
 # GenerationConfig fields a call may override; each maps onto transformers' own logits processors.
 GENERATE_KWARGS = (
-    "max_new_tokens", "max_length", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p",
-    "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "eos_token_id", "pad_token_id",
+    "max_new_tokens",
+    "max_length",
+    "min_new_tokens",
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "bad_words_ids",
+    "suppress_tokens",
+    "eos_token_id",
+    "pad_token_id",
 )
 
 
@@ -35,50 +54,94 @@ class Request:
     eos_ids: tuple[int, ...]
     pad_id: int
     generator: torch.Generator | None
+    processors: LogitsProcessorList  # transformers' own, built for this call's options
 
 
-def merge_config(defaults: GenerationConfig, overrides: dict) -> GenerationConfig:
-    """The bundle's generation config updated with the call's kwargs, as `generate` does."""
+def make_request(bundle, input_ids, attention_mask, generator, kwargs: dict) -> Request:
+    """Validate one generate() call against `bundle` (its manifest, eager model and generation config)
+    before any model work, and resolve its options, eos and pad ids exactly as `generate` would."""
+    kwargs = dict(kwargs)
+    model_inputs = {k: v for k in MULTIMODAL_INPUTS if (v := kwargs.pop(k, None)) is not None}
+    if not bundle.manifest.is_multimodal:
+        if "pixel_values" in model_inputs:
+            raise ImageInputError(
+                f"pixel_values given to a text-only bundle ({bundle.manifest.model_class}); send text only"
+            )
+        model_inputs = {}  # e.g. all-zero token_type_ids from a tokenizer: meaningless to a decoder LM
+    check_generator(generator, bundle.manifest.device)
+    config = merge_config(bundle.generation_config, kwargs, bundle.manifest.vocab_size)
+    attention_mask = validate(bundle, input_ids, attention_mask, config)
+    if bundle.manifest.is_multimodal:
+        check_images(bundle.model.config, input_ids, model_inputs)
+    eos_ids, pad = _special_tokens(bundle, config, input_ids.device)
+    try:  # built now, so that an option the processors refuse fails before any model work
+        processors = compat.logits_processors(bundle.model, config, input_ids.shape[1], input_ids.device)
+    except (ValueError, TypeError) as e:
+        raise InvalidInputError(f"invalid generation options: {e}") from None
+    return Request(input_ids, attention_mask, model_inputs, config, eos_ids, pad, generator, processors)
+
+
+def _special_tokens(bundle, config: GenerationConfig, device) -> tuple[tuple[int, ...], int]:
+    """eos ids and pad id as `generate` resolves them, each inside the vocabulary: a pad id past it
+    would be fed to the compiled step (AOTInductor does not check) and abort the process."""
+    try:
+        eos_ids, pad = compat.special_tokens(bundle.model, config, device)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise InvalidInputError(f"eos_token_id / pad_token_id must be token ids of this bundle ({e})") from None
+    vocab = bundle.manifest.vocab_size
+    for name, ids in (("eos_token_id", eos_ids), ("pad_token_id", (pad,))):
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidInputError(
+                f"{name} {bad[0]} is outside the vocabulary 0..{vocab - 1}; pass this bundle's token ids"
+            )
+    return eos_ids, pad
+
+
+def merge_config(defaults: GenerationConfig, overrides: dict, vocab_size: int) -> GenerationConfig:
+    """The bundle's generation config updated with the call's kwargs, as `generate` does; every value is
+    checked first (runtime.options), so transformers never sees one it would misread."""
     unknown = sorted(set(overrides) - set(GENERATE_KWARGS))
     if unknown:
         raise InvalidInputError(f"unsupported generate() arguments {unknown}; supported: {list(GENERATE_KWARGS)}")
-    for name in ("max_new_tokens", "max_length"):
-        value = overrides.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise InvalidInputError(f"{name} must be a positive integer, got {value!r}")
+    overrides = check_options(overrides, vocab_size)
     config = copy.deepcopy(defaults)
     try:
         config.update(**{k: v for k, v in overrides.items() if v is not None})
         config.validate()
-    except ValueError as e:  # transformers' own option checks, e.g. top_p outside [0, 1]
+    except (ValueError, TypeError) as e:  # transformers' own option checks, for combinations
         raise InvalidInputError(f"invalid generation options: {e}") from None
     return config
-
-
-def _ids(value) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
 
 
 def validate(bundle, input_ids, attention_mask, config: GenerationConfig) -> torch.Tensor:
     """Check a request against the bundle; returns the attention mask (ones when none was given)."""
     m = bundle.manifest
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise InvalidInputError("input_ids must be a 2D (batch, seq) tensor, e.g. from tokenizer(..., return_tensors='pt')")
+        raise InvalidInputError(
+            "input_ids must be a 2D (batch, seq) tensor, e.g. from tokenizer(..., return_tensors='pt')"
+        )
     if input_ids.dtype != torch.long:
         raise InvalidInputError(f"input_ids has dtype {input_ids.dtype}; token ids must be torch.long")
     if input_ids.device.type != m.device:
-        raise InvalidInputError(f"input_ids is on {input_ids.device}, the bundle runs on {m.device}; move it with .to('{m.device}')")
+        raise InvalidInputError(
+            f"input_ids is on {input_ids.device}, the bundle runs on {m.device}; move it with .to('{m.device}')"
+        )
     batch, seq = input_ids.shape
     if seq == 0 or batch == 0:
-        raise InvalidInputError(f"the prompt is empty (input_ids shape {tuple(input_ids.shape)}); give at least one token")
+        raise InvalidInputError(
+            f"the prompt is empty (input_ids shape {tuple(input_ids.shape)}); give at least one token"
+        )
     if not 1 <= batch <= m.batch_size:
-        raise InvalidInputError(f"batch size {batch} is larger than this bundle's {m.batch_size}; re-export with --batch-size {batch}")
+        raise InvalidInputError(
+            f"batch size {batch} is larger than this bundle's {m.batch_size}; re-export with --batch-size {batch}"
+        )
     low, high = int(input_ids.min()), int(input_ids.max())
     if low < 0 or high >= m.vocab_size:
         bad = low if low < 0 else high
-        raise InvalidInputError(f"token id {bad} is outside the vocabulary 0..{m.vocab_size - 1}; was it tokenized for another model?")
+        raise InvalidInputError(
+            f"token id {bad} is outside the vocabulary 0..{m.vocab_size - 1}; was it tokenized for another model?"
+        )
     attention_mask = _check_mask(input_ids, attention_mask)
     config.max_new_tokens = new_token_budget(config, seq, bundle.model.config.get_text_config())
     _check_options(config, seq, m.max_cache_len)
@@ -98,7 +161,7 @@ def new_token_budget(config: GenerationConfig, seq: int, text_config) -> int:
                 "raise max_length or pass max_new_tokens"
             )
         return config.max_length - seq
-    total = seq + GenerationConfig._get_default_generation_params()["max_length"]
+    total = seq + compat.default_max_length()
     limit = getattr(text_config, "max_position_embeddings", None)
     return (min(total, limit) if limit else total) - seq
 
@@ -108,15 +171,21 @@ def _check_mask(input_ids, attention_mask) -> torch.Tensor:
         return torch.ones_like(input_ids)
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
         shape = tuple(getattr(attention_mask, "shape", ()))
-        raise InvalidInputError(f"attention_mask has shape {shape}, input_ids has {tuple(input_ids.shape)}; they must match")
+        raise InvalidInputError(
+            f"attention_mask has shape {shape}, input_ids has {tuple(input_ids.shape)}; they must match"
+        )
     if attention_mask.device != input_ids.device:
         raise InvalidInputError(f"attention_mask is on {attention_mask.device}, input_ids on {input_ids.device}")
-    if attention_mask.is_floating_point() or attention_mask.is_complex() or not (
-        (attention_mask == 0) | (attention_mask == 1)
-    ).all():
+    if (
+        attention_mask.is_floating_point()
+        or attention_mask.is_complex()
+        or not ((attention_mask == 0) | (attention_mask == 1)).all()
+    ):
         raise InvalidInputError("attention_mask must hold only 0 and 1 (integer or bool)")
     if (attention_mask[:, -1] == 0).any():
-        raise InvalidInputError("the batch is right-padded; decoding needs left padding (tokenizer.padding_side = 'left')")
+        raise InvalidInputError(
+            "the batch is right-padded; decoding needs left padding (tokenizer.padding_side = 'left')"
+        )
     if (attention_mask.sum(-1) == 0).any():
         raise InvalidInputError("a row of the batch has no real token (attention_mask all 0); remove it")
     return attention_mask.long()
@@ -132,9 +201,13 @@ def _check_options(config: GenerationConfig, seq: int, max_cache_len: int) -> No
             f"max_cache_len is {max_cache_len}; shorten the request or re-export with --max-cache-len {seq + new}"
         )
     if config.do_sample and (config.temperature is not None and config.temperature <= 0):
-        raise InvalidInputError(f"temperature={config.temperature} with do_sample=True; use a temperature > 0, or do_sample=False")
+        raise InvalidInputError(
+            f"temperature={config.temperature} with do_sample=True; use a temperature > 0, or do_sample=False"
+        )
     if config.num_beams not in (None, 1):
-        raise InvalidInputError(f"num_beams={config.num_beams}: aotpack decodes greedily or by sampling, set num_beams=1")
+        raise InvalidInputError(
+            f"num_beams={config.num_beams}: aotpack decodes greedily or by sampling, set num_beams=1"
+        )
 
 
 def iter_steps(bundle, request: Request, kv) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -142,7 +215,7 @@ def iter_steps(bundle, request: Request, kv) -> Iterator[tuple[torch.Tensor, tor
     ids, mask = request.input_ids, request.attention_mask
     batch, seq = ids.shape
     new_tokens = request.config.max_new_tokens
-    processors = logits_processors(bundle.model, request.config, seq, ids.device)
+    processors = request.processors
     cursor = DecodeCursor(mask, bundle.manifest.max_cache_len)
     scores = prefill(bundle.model, kv, bundle.layout, ids, mask, cursor.prompt_positions, **request.model_inputs)
     history = ids  # (B, S)
@@ -167,6 +240,8 @@ def check_images(model_config, input_ids: torch.Tensor, model_inputs: dict) -> N
     per_image = getattr(model_config, "mm_tokens_per_image", None)
     if token_id is None or per_image is None:
         return
+    if pixels is not None:
+        _check_pixels(model_config, pixels)
     slots = int((input_ids == token_id).sum()) // per_image
     images = 0 if pixels is None else pixels.shape[0]
     if images != slots:
@@ -177,3 +252,18 @@ def check_images(model_config, input_ids: torch.Tensor, model_inputs: dict) -> N
     types = model_inputs.get("token_type_ids")
     if types is not None and tuple(types.shape) != tuple(input_ids.shape):
         raise ImageInputError(f"token_type_ids has shape {tuple(types.shape)}, input_ids has {tuple(input_ids.shape)}")
+
+
+def _check_pixels(model_config, pixels) -> None:
+    """A float (images, channels, size, size) tensor of finite values: one NaN would reach the cache and,
+    masked or not, turn attention into NaN."""
+    vision = getattr(model_config, "vision_config", None)
+    size, channels = getattr(vision, "image_size", None), getattr(vision, "num_channels", 3)
+    if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
+        kind = pixels.dtype if isinstance(pixels, torch.Tensor) else type(pixels).__name__
+        raise ImageInputError(f"pixel_values must be a float tensor from the bundle's processor, got {kind}")
+    if pixels.dim() != 4 or pixels.shape[1] != channels or (size and tuple(pixels.shape[2:]) != (size, size)):
+        expected = f"(images, {channels}, {size}, {size})"
+        raise ImageInputError(f"pixel_values has shape {tuple(pixels.shape)}, the vision tower takes {expected}")
+    if not torch.isfinite(pixels).all():
+        raise ImageInputError("pixel_values holds NaN or infinite values; pass images through the bundle's processor")

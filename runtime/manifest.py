@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 
 from runtime.cache import FULL, SLIDING, LayerLayout
 from runtime.errors import ManifestError
 
-AOTPACK_VERSION = "0.1.0"
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = frozenset({1})
+AOTPACK_VERSION = "0.2.0"
+# 2: weights stored under module paths (with aliases for tied tensors), quantization, the decode step's
+# GEMV lowerings and the accuracy report; bundles of format 1 must be re-exported.
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = frozenset({2})
 
 MANIFEST = "manifest.json"
 DECODE = "decode.pt2"
-CONFIG = "config.json"
-GENERATION_CONFIG = "generation_config.json"
+WEIGHTS = "model.safetensors"
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
+ATTENTION = ("sdpa", "eager")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,40 @@ class Parity:
 
 
 @dataclass(frozen=True)
+class Quantization:
+    """Which modules hold weight-only quantized weights (runtime.quant), and how they are packed."""
+
+    method: str  # "int8" or "int4"
+    group_size: int | None  # int4 only
+    linears: tuple[str, ...]  # module paths of the quantized linear layers
+    embedding: str | None  # module path of the quantized token embedding
+    tied: str | None  # the linear (lm_head) that shares the embedding's packed tensors
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """The build-time choice of kernel for the decode step's weights of one shape (rows, cols)."""
+
+    op: str  # "linear" (a float weight), "int8" or "int4"
+    rows: int
+    cols: int
+    dtype: str  # activation dtype
+    chosen: str  # a key of gb_per_s when the candidates were timed
+    gb_per_s: dict[str, float]  # each candidate's weight read rate at batch 1 on the build machine; {} untimed
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """A quantized bundle against the float32 model it came from, on a fixed English text."""
+
+    text_tokens: int  # tokens of the fixed text scored for perplexity
+    perplexity: float  # this bundle's eager model
+    reference_perplexity: float  # the float32 model
+    greedy_tokens: int  # tokens of the float32 model's greedy continuation, teacher-forced
+    greedy_agreement: float  # fraction of those positions where this bundle picks the same token
+
+
+@dataclass(frozen=True)
 class Manifest:
     format_version: int
     aotpack_version: str
@@ -55,6 +92,7 @@ class Manifest:
     transformers_version: str
     python_version: str
     model_class: str  # transformers class that rebuilds the eager model, e.g. "LlamaForCausalLM"
+    attn_implementation: str  # "sdpa", or "eager" for models whose attention SDPA cannot express
     is_multimodal: bool
     device: str
     cpu_isa: str | None  # what the .so was compiled for (AOTI_CPU_ISA), None on CUDA
@@ -66,6 +104,10 @@ class Manifest:
     cache_bytes: tuple[int, ...]  # per layer: keys + values for batch_size sequences in dtype
     decode_inputs: tuple[str, ...]  # graph input names in call order; the KV tensors follow
     constants: tuple[Constant, ...]
+    weight_aliases: dict[str, str]  # module path -> the stored key holding the same tensor (tied weights)
+    quantization: Quantization | None
+    lowerings: tuple[Lowering, ...]
+    accuracy: Accuracy | None  # quantized bundles only
     files: dict[str, str]  # bundle file name -> sha256 hex
     build_seconds: float
     built_at: str  # ISO 8601, UTC
@@ -78,11 +120,8 @@ class Manifest:
         return json.dumps(body | {"digest": _digest(body)}, indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ManifestError(f"manifest.json is not valid JSON ({e}); re-export the bundle") from e
+    def from_json(cls, text: str | bytes) -> Manifest:
+        raw = _strict_json(text)
         if not isinstance(raw, dict):
             raise ManifestError("manifest.json must hold a JSON object; re-export the bundle")
         raw = dict(raw)
@@ -94,8 +133,40 @@ class Manifest:
                 f"{sorted(SUPPORTED_VERSIONS)}; re-export the bundle with a matching aotpack"
             )
         if digest != _digest(raw):
-            raise ManifestError("manifest.json does not match its digest: it was edited or corrupted; re-export the bundle")
+            raise ManifestError(
+                "manifest.json does not match its digest: it was edited or corrupted; re-export the bundle"
+            )
         return _build(cls, raw)
+
+
+def _strict_json(text: str | bytes):
+    """JSON as the manifest allows it: UTF-8, no duplicate keys (json would keep the last silently),
+    finite numbers only, no NaN/Infinity; any other input (deep nesting, a 5,000-digit integer) is a
+    ManifestError too, never another exception."""
+
+    def no_duplicates(pairs):
+        keys = [key for key, _ in pairs]
+        if len(keys) != len(set(keys)):
+            raise ManifestError(f"manifest.json repeats the key {next(k for k in keys if keys.count(k) > 1)!r}")
+        return dict(pairs)
+
+    def finite(token: str) -> float:
+        value = float(token)
+        if not math.isfinite(value):
+            raise ManifestError(f"manifest.json holds the non-finite number {token}")
+        return value
+
+    def refuse(token: str):
+        raise ManifestError(f"manifest.json holds {token}, which is not JSON")
+
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_float=finite, parse_constant=refuse)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, too many digits, nesting
+        raise ManifestError(
+            f"manifest.json is not valid JSON ({type(e).__name__}: {str(e)[:200]}); re-export the bundle"
+        ) from None
 
 
 def _digest(body: dict) -> str:
@@ -106,12 +177,19 @@ def _build(cls, raw: dict) -> Manifest:
     names = {f.name for f in fields(cls)}
     if set(raw) != names:
         missing, extra = sorted(names - set(raw)), sorted(set(raw) - names)
-        raise ManifestError(f"manifest fields do not match format 1 (missing {missing}, unexpected {extra})")
+        raise ManifestError(
+            f"manifest fields do not match format {FORMAT_VERSION} (missing {missing}, unexpected {extra})"
+        )
     try:
         data = dict(raw)
         data["cache_layout"] = tuple(_record(LayerLayout, layer) for layer in _list(raw["cache_layout"]))
         data["constants"] = tuple(_constant(c) for c in _list(raw["constants"]))
         data["parity"] = _record(Parity, raw["parity"])
+        data["quantization"] = _optional(_quantization, raw["quantization"])
+        data["lowerings"] = tuple(_lowering(x) for x in _list(raw["lowerings"]))
+        data["accuracy"] = _optional(lambda x: _record(Accuracy, x), raw["accuracy"])
+        data["weight_aliases"] = _str_map(raw["weight_aliases"])
+        data["files"] = _str_map(raw["files"])
         for key in ("cache_bytes", "decode_inputs"):
             data[key] = tuple(_list(raw[key]))
         manifest = _record(cls, data)
@@ -119,6 +197,36 @@ def _build(cls, raw: dict) -> Manifest:
         raise ManifestError(f"manifest.json is malformed ({e}); re-export the bundle") from e
     _check_values(manifest)
     return manifest
+
+
+def _optional(read, value):
+    return None if value is None else read(value)
+
+
+def _str_map(value) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise TypeError(f"expected an object of strings, got {value!r:.80}")
+    return dict(value)
+
+
+def _quantization(raw) -> Quantization:
+    if not isinstance(raw, dict):
+        raise TypeError(f"quantization must be a JSON object, got {type(raw).__name__}")
+    linears = _list(raw.get("linears"))
+    if not all(isinstance(path, str) for path in linears):
+        raise TypeError("quantization linears must list module paths")
+    return _record(Quantization, raw | {"linears": tuple(linears)})
+
+
+def _lowering(raw) -> Lowering:
+    if not isinstance(raw, dict):
+        raise TypeError(f"a lowering must be a JSON object, got {type(raw).__name__}")
+    rates = raw.get("gb_per_s")
+    if not isinstance(rates, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in rates.values()
+    ):
+        raise TypeError("lowering gb_per_s must map candidate names to numbers")
+    return _record(Lowering, raw)
 
 
 def _constant(raw) -> Constant:
@@ -164,14 +272,43 @@ def _check_values(m: Manifest) -> None:
     for key in ("batch_size", "max_cache_len", "vocab_size"):
         if getattr(m, key) < 1:
             raise ManifestError(f"manifest {key} must be a positive integer, got {getattr(m, key)!r}")
-    if not isinstance(m.files, dict) or not all(isinstance(v, str) for v in m.files.values()):
-        raise ManifestError("manifest files must map file names to sha256 strings")
+    if m.attn_implementation not in ATTENTION:
+        raise ManifestError(f"manifest attn_implementation {m.attn_implementation!r} is not one of {ATTENTION}")
     if DECODE not in m.files:
         raise ManifestError(f"manifest does not list {DECODE}; re-export the bundle")
     if not m.cache_layout or len(m.cache_bytes) != len(m.cache_layout):
         raise ManifestError("manifest cache_layout and cache_bytes must describe the same, non-empty list of layers")
-    for layer, nbytes in zip(m.cache_layout, m.cache_bytes):
+    for layer, nbytes in zip(m.cache_layout, m.cache_bytes, strict=True):
         _check_layer(layer, nbytes, m.max_cache_len)
+        expected = _cache_bytes(layer, m.batch_size, m.dtype)
+        if nbytes != expected:
+            raise ManifestError(f"manifest cache_bytes entry {nbytes!r} does not match its layer ({expected} bytes)")
+    if m.quantization is not None:
+        _check_quantization(m.quantization)
+    for lowering in m.lowerings:
+        if lowering.gb_per_s and lowering.chosen not in lowering.gb_per_s:
+            raise ManifestError(
+                f"manifest lowering {lowering.op} {lowering.rows}x{lowering.cols} chose {lowering.chosen!r}, "
+                "which it did not measure"
+            )
+
+
+def _cache_bytes(layer: LayerLayout, batch: int, dtype: str) -> int:
+    itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    return 2 * batch * layer.num_kv_heads * layer.slots * layer.head_dim * itemsize
+
+
+def _check_quantization(q: Quantization) -> None:
+    from runtime.quant import QuantSpec  # torch-free readers of the manifest need not import it otherwise
+
+    try:
+        QuantSpec(q.method, q.group_size)
+    except ValueError as e:
+        raise ManifestError(f"manifest quantization is invalid: {e}") from None
+    if q.tied is not None and (q.embedding is None or q.tied not in q.linears):
+        raise ManifestError(
+            "manifest quantization ties an lm_head that is not among its quantized linears and embedding"
+        )
 
 
 def _check_layer(layer: LayerLayout, nbytes, max_cache_len: int) -> None:

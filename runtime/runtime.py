@@ -6,6 +6,7 @@ borrows that model's weight tensors, and one preallocated KV cache that both wri
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,48 +14,50 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import transformers
 from transformers import AutoTokenizer, GenerationConfig
 
 from runtime.bundle import decode_path, open_bundle, verify_files, weight_files
 from runtime.cache import allocate
 from runtime.decode import CompiledDecode
-from runtime.errors import BundleError, ImageInputError, InvalidInputError, RuntimeBusyError
-from runtime.generate import Request, check_images, iter_steps, merge_config, validate
-from runtime.manifest import Manifest
+from runtime.errors import InvalidInputError, RuntimeBusyError
+from runtime.generate import Request, iter_steps, make_request
+from runtime.manifest import DECODE, Manifest
 from runtime.text import stream_text
-
-# Prefill inputs a processor may return besides input_ids / attention_mask.
-MULTIMODAL_INPUTS = ("pixel_values", "token_type_ids")
+from runtime.weights import build_model
 
 
-def load(path, num_threads: int | None = None) -> Runtime:
-    """Verify and load a bundle directory. `num_threads` sets torch's (and the compiled decode's) threads."""
+def load(path, num_threads: int | None = None, busy_timeout: float = 300.0, trusted_keys=None) -> Runtime:
+    """Verify and load a bundle directory. `num_threads` sets torch's (and the compiled decode's) threads;
+    a generation waits at most `busy_timeout` seconds for the runtime's KV cache (see Runtime). With
+    `trusted_keys` (public-key PEM files) only a bundle signed by one of them loads (runtime.signing)."""
     if num_threads is not None:
-        torch.set_num_threads(num_threads)  # the .so was built with dynamic threads, so this governs it too
-    return Runtime(path)
+        torch.set_num_threads(check_threads(num_threads))  # the .so has dynamic threads: this governs it too
+    return Runtime(path, busy_timeout, trusted_keys)
 
 
-def _model_class(name: str):
-    cls = getattr(transformers, name, None)
-    if cls is None or not hasattr(cls, "from_pretrained"):
-        raise BundleError(f"bundle model class {name!r} is not a transformers model class in transformers {transformers.__version__}")
-    return cls
+def check_threads(n) -> int:
+    """A thread count between 1 and this machine's CPUs: OpenMP crashed with 100,000 and spin-waits
+    badly far above the core count."""
+    cpus = os.cpu_count() or 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= cpus:
+        raise InvalidInputError(f"threads {n!r} must be an integer from 1 to {cpus}, this machine's CPU count")
+    return n
 
 
 class Runtime:
     """A loaded bundle. One KV cache: calls from several threads are serialised by a lock."""
 
-    def __init__(self, path):
-        self.path, self.manifest = open_bundle(Path(path), defer_weights=True)
+    def __init__(self, path, busy_timeout: float = 300.0, trusted_keys=None):
+        self.path, self.manifest = open_bundle(Path(path), defer_weights=True, trusted_keys=trusted_keys)
         m: Manifest = self.manifest
         self.model = self._build_model()  # the weights are verified before this returns
         self.layout = m.cache_layout
-        self.decode = CompiledDecode(decode_path(self.path), self.model, m)
+        self.decode = CompiledDecode(decode_path(self.path), self.model, m, sha256=m.files[DECODE])
         self.kv = allocate(self.layout, m.batch_size, getattr(torch, m.dtype), m.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         self.processor = self._processor() if m.is_multimodal else self.tokenizer
         self.generation_config = GenerationConfig.from_pretrained(self.path, local_files_only=True)
+        self.busy_timeout = busy_timeout  # seconds a generation waits for the cache before RuntimeBusyError
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread id holding the cache
 
@@ -65,14 +68,12 @@ class Runtime:
         with ThreadPoolExecutor(max_workers=1) as pool:
             hashed = pool.submit(verify_files, self.path, m, weight_files(m))
             try:
-                model = _model_class(m.model_class).from_pretrained(
-                    self.path, dtype=getattr(torch, m.dtype), local_files_only=True, attn_implementation="sdpa"
-                )
+                model = build_model(self.path, m)
             except Exception:
                 hashed.result()  # a missing or corrupt weight file explains the failure better
                 raise
             hashed.result()
-        return model.to(m.device).eval()
+        return model
 
     def _processor(self):
         from transformers import AutoProcessor  # image-processing imports cost ~1 s: only VLMs pay them
@@ -80,21 +81,7 @@ class Runtime:
         return AutoProcessor.from_pretrained(self.path, local_files_only=True)
 
     def request(self, input_ids, attention_mask=None, generator=None, **kwargs) -> Request:
-        model_inputs = {k: v for k in MULTIMODAL_INPUTS if (v := kwargs.pop(k, None)) is not None}
-        if not self.manifest.is_multimodal:
-            if "pixel_values" in model_inputs:
-                raise ImageInputError(f"pixel_values given to a text-only bundle ({self.manifest.model_class}); send text only")
-            model_inputs = {}  # e.g. all-zero token_type_ids from a tokenizer: meaningless to a decoder LM
-        config = merge_config(self.generation_config, kwargs)
-        attention_mask = validate(self, input_ids, attention_mask, config)
-        if self.manifest.is_multimodal:
-            check_images(self.model.config, input_ids, model_inputs)
-        # HF's own resolution of eos/pad (pad falls back to the first eos); the logits processors read it too.
-        self.model._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=input_ids.device)
-        eos = config._eos_token_tensor
-        eos_ids = tuple(eos.tolist()) if eos is not None else ()
-        pad = int(config._pad_token_tensor) if config._pad_token_tensor is not None else 0
-        return Request(input_ids, attention_mask, model_inputs, config, eos_ids, pad, generator)
+        return make_request(self, input_ids, attention_mask, generator, kwargs)
 
     @torch.inference_mode()  # on a generator, torch enters and leaves the mode around each step
     def iter_steps(self, input_ids, attention_mask=None, generator=None, **kwargs):
@@ -102,6 +89,8 @@ class Runtime:
         request = self.request(input_ids, attention_mask, generator, **kwargs)
         with self._session():
             kv = [t[: input_ids.shape[0]] for t in self.kv]  # the first B rows: still contiguous
+            for t in kv:  # nothing an earlier request left (a NaN is poison even where masked) may reach this one
+                t.zero_()
             yield from iter_steps(self, request, kv)
 
     @contextmanager
@@ -113,12 +102,17 @@ class Runtime:
                 "this runtime is already generating in this thread; exhaust or close() the first generator, "
                 "or load() a second runtime for concurrent sessions"
             )
-        with self._lock:
-            self._owner = threading.get_ident()
-            try:
-                yield
-            finally:
-                self._owner = None
+        if not self._lock.acquire(timeout=self.busy_timeout):
+            raise RuntimeBusyError(
+                f"this runtime's KV cache has been held by another generation for {self.busy_timeout:g} s (an "
+                "unfinished generator? exhaust or close() it); load() a second runtime for concurrent sessions"
+            )
+        self._owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._owner = None
+            self._lock.release()
 
     def iter_tokens(self, input_ids, attention_mask=None, generator=None, **kwargs) -> Iterator[torch.Tensor]:
         """Yield next-token ids (B,) as they are produced."""
@@ -134,5 +128,7 @@ class Runtime:
     def stream(self, input_ids, attention_mask=None, generator=None, **kwargs) -> Iterator[str]:
         """Yield decoded text pieces of a single sequence as they are produced."""
         if input_ids.shape[0] != 1:
-            raise InvalidInputError(f"stream() takes one sequence, got a batch of {input_ids.shape[0]}; use iter_tokens()")
+            raise InvalidInputError(
+                f"stream() takes one sequence, got a batch of {input_ids.shape[0]}; use iter_tokens()"
+            )
         yield from stream_text(self.tokenizer, self.iter_tokens(input_ids, attention_mask, generator, **kwargs))

@@ -13,7 +13,8 @@ from runtime.manifest import Manifest
 def kv_bytes(manifest: Manifest) -> tuple[int, int]:
     """(allocated KV bytes, bytes if every layer held max_cache_len slots)."""
     ring = sum(manifest.cache_bytes)
-    full = sum(n * manifest.max_cache_len // layer.slots for n, layer in zip(manifest.cache_bytes, manifest.cache_layout))
+    layers = zip(manifest.cache_bytes, manifest.cache_layout, strict=True)
+    full = sum(n * manifest.max_cache_len // layer.slots for n, layer in layers)
     return ring, full
 
 
@@ -42,6 +43,8 @@ def summary(m: Manifest, sizes: dict[str, int] | None = None) -> str:
         f"{len(m.constants)} weight constants lent from the eager model",
         f"parity       {m.parity.steps} steps, max |Δlogit| {m.parity.max_abs_logit_diff:.2e} "
         f"(tolerance {m.parity.tolerance:.2e}), tokens match: {m.parity.tokens_match}",
+        *_quantization_lines(m),
+        *_lowering_lines(m),
         "files",
     ]
     for name, digest in sorted(m.files.items()):
@@ -49,3 +52,29 @@ def summary(m: Manifest, sizes: dict[str, int] | None = None) -> str:
         lines.append(f"  {size}{name}  sha256 {digest[:16]}…")
     return "\n".join(lines)
 
+
+def _quantization_lines(m: Manifest) -> list[str]:
+    lines = []
+    q = m.quantization
+    if q is not None:
+        group = f", groups of {q.group_size}" if q.group_size else ", one scale per row"
+        embedding = f" + embedding {q.embedding}" + (" (tied to the lm_head)" if q.tied else "") if q.embedding else ""
+        lines.append(f"quantized    {q.method}{group}: {len(q.linears)} linear layers{embedding}")
+    a = m.accuracy
+    if a is not None:
+        change = 100 * (a.perplexity / a.reference_perplexity - 1)
+        lines.append(
+            f"accuracy     perplexity {a.perplexity:.3f} vs float32 {a.reference_perplexity:.3f} ({change:+.2f} %) "
+            f"on {a.text_tokens} tokens; greedy agreement {100 * a.greedy_agreement:.1f} % "
+            f"over {a.greedy_tokens} tokens"
+        )
+    return lines
+
+
+def _lowering_lines(m: Manifest) -> list[str]:
+    lines = []
+    for lw in m.lowerings:
+        rates = ", ".join(f"{name} {rate:.1f}" for name, rate in lw.gb_per_s.items())
+        timed = f" (GB/s: {rates})" if rates else " (untimed)"
+        lines.append(f"  GEMV {lw.op} {lw.rows}x{lw.cols}: {lw.chosen}{timed}")
+    return ["decode GEMV  per weight shape, chosen at build time:", *lines] if lines else []

@@ -13,9 +13,11 @@ import torch
 
 
 def stream_text(tokenizer, tokens: Iterable[torch.Tensor], skip_special_tokens: bool = True) -> Iterator[str]:
-    """tokens yields (1,) id tensors of a single sequence; yields the new text after each."""
+    """tokens yields (1,) id tensors of a single sequence; yields the new text after each, and at the end
+    whatever is still held back, so the pieces join to `tokenizer.decode` of all the ids."""
     ids: list[int] = []
     emitted = ""
+    text = ""
     for token in tokens:
         ids.append(int(token[0]))
         text = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -24,3 +26,5 @@ def stream_text(tokenizer, tokens: Iterable[torch.Tensor], skip_special_tokens: 
         if len(text) > len(emitted) and text.startswith(emitted):
             yield text[len(emitted) :]
         emitted = text
+    if text != emitted and text.startswith(emitted):  # the generation ended inside a character
+        yield text[len(emitted) :]

@@ -40,12 +40,16 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def bundle(tmp_path_factory, checkpoint):
-    """bundle(name) -> bundle directory exported by `aotpack export` (once per session)."""
+    """bundle(name, *options) -> bundle directory exported by `aotpack export` (once per session and options).
 
-    def export(name: str):
+    Without options the decode step keeps ATen's GEMV (`--gemv aten`): a fused-reduction decode graph
+    takes about 2.5x longer to compile, so only the bundles that test those kernels pay for them."""
+
+    def export(name: str, *options: str):
         out = tmp_path_factory.mktemp(f"bundle-{name}") / "bundle"
         args = ["export", str(checkpoint(name)), "--out", str(out), "--max-cache-len", str(MAX_CACHE_LEN)]
-        assert aotpack(args + ["--batch-size", str(BATCH)]) == 0
+        options = options or ("--gemv", "aten")
+        assert aotpack(args + ["--batch-size", str(BATCH), *options]) == 0
         return out
 
     return functools.cache(export)
@@ -53,10 +57,10 @@ def bundle(tmp_path_factory, checkpoint):
 
 @pytest.fixture(scope="session")
 def runtime(bundle):
-    """runtime(name) -> a loaded Runtime, shared."""
+    """runtime(name, *options) -> a loaded Runtime of bundle(name, *options), shared."""
     from runtime import load
 
-    return functools.cache(lambda name: load(bundle(name)))
+    return functools.cache(lambda name, *options: load(bundle(name, *options)))
 
 
 @pytest.fixture(scope="session")

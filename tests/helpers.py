@@ -10,8 +10,12 @@ LOGIT_ATOL = 1e-4  # fp32
 def hf_generate(model, inputs: dict, new_tokens: int):
     """HF eager generate, greedy, forced to produce exactly `new_tokens` tokens; returns (ids, raw logits)."""
     out = model.generate(
-        **inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-        output_logits=True, return_dict_in_generate=True,
+        **inputs,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
     )
     return out.sequences, torch.stack(out.logits, dim=1)  # (B, S + n), (B, n, vocab)
 
@@ -46,6 +50,11 @@ def chat(rt_or_tok, conversations: list[list[dict]]) -> dict:
     processor = getattr(rt_or_tok, "processor", rt_or_tok)
     return dict(
         processor.apply_chat_template(
-            conversations, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt", padding=True
+            conversations,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            return_tensors="pt",
+            padding=True,
         )
     )

@@ -4,6 +4,9 @@ its errors, each raised before any expensive work."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,15 +16,42 @@ from exporter.cli import main as aotpack
 
 
 def test_run_streams_text_and_reports_timings(bundle, capsys):
-    assert aotpack(["run", str(bundle("tiny-llama")), "--prompt", "Why is the sky blue?", "--system", "Be brief.",
-                    "--max-new-tokens", "12"]) == 0
+    assert (
+        aotpack(
+            [
+                "run",
+                str(bundle("tiny-llama")),
+                "--prompt",
+                "Why is the sky blue?",
+                "--system",
+                "Be brief.",
+                "--max-new-tokens",
+                "12",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "prefill" in err and "ms/token" in err and "12 tokens" in err
 
 
 def test_run_with_sampling_is_reproducible_with_a_seed(bundle, capsys):
-    args = ["run", str(bundle("tiny-llama")), "--prompt", "Hi", "--max-new-tokens", "10", "--temperature", "0.8",
-            "--top-k", "20", "--top-p", "0.9", "--seed", "3"]
+    args = [
+        "run",
+        str(bundle("tiny-llama")),
+        "--prompt",
+        "Hi",
+        "--max-new-tokens",
+        "10",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "3",
+    ]
     assert aotpack(args) == 0
     first = capsys.readouterr().out
     assert aotpack(args) == 0
@@ -34,7 +64,10 @@ def test_run_vlm_with_images(bundle, tmp_path, capsys):
         path = tmp_path / f"img{i}.png"
         Image.fromarray((np.random.RandomState(i).rand(30, 40, 3) * 255).astype("uint8")).save(path)
         paths += ["--image", str(path)]
-    assert aotpack(["run", str(bundle("tiny-gemma3-vlm")), *paths, "--prompt", "Compare them", "--max-new-tokens", "6"]) == 0
+    assert (
+        aotpack(["run", str(bundle("tiny-gemma3-vlm")), *paths, "--prompt", "Compare them", "--max-new-tokens", "6"])
+        == 0
+    )
     assert "6 tokens" in capsys.readouterr().err
 
 
@@ -57,7 +90,7 @@ def _error(capsys) -> str:
 
 def test_unknown_preset_or_missing_directory(tmp_path, capsys):
     assert aotpack(["export", "no-such-preset", "--out", str(tmp_path / "x")]) == 2
-    assert "'no-such-preset' is neither a directory, a preset" in _error(capsys)
+    assert "'no-such-preset' is neither a directory, a .gguf file, a preset" in _error(capsys)
     assert aotpack(["export", str(tmp_path / "missing"), "--out", str(tmp_path / "y")]) == 2
     assert "does not exist" in _error(capsys)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
@@ -66,14 +99,18 @@ def test_unknown_preset_or_missing_directory(tmp_path, capsys):
 def test_model_without_decode_cache_names_the_class(tmp_path, capsys):
     from transformers import ViTConfig
 
-    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path / "vit")
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(
+        tmp_path / "vit"
+    )
     assert aotpack(["export", str(tmp_path / "vit"), "--out", str(tmp_path / "out")]) == 2
     assert "ViTConfig" in _error(capsys)
     assert not (tmp_path / "out").exists()
 
 
 def test_prompt_longer_than_cache_names_both_numbers(bundle, capsys):
-    assert aotpack(["run", str(bundle("tiny-llama")), "--prompt", "Why is the sky blue?", "--max-new-tokens", "500"]) == 2
+    assert (
+        aotpack(["run", str(bundle("tiny-llama")), "--prompt", "Why is the sky blue?", "--max-new-tokens", "500"]) == 2
+    )
     err = _error(capsys)
     assert "max_new_tokens=500" in err and "max_cache_len is 160" in err
 
@@ -128,3 +165,23 @@ def test_hub_id_resolves_from_the_local_cache_only(tmp_path, monkeypatch):
         assert path == snapshot
     with pytest.raises(ExportError, match="never downloads"), checkpoint_dir("acme/not-cached"):
         pass
+
+
+@pytest.mark.parametrize("threads", ["0", "100000", "4096"])
+def test_thread_counts_beyond_the_machine_are_refused(bundle, capsys, threads):
+    """OpenMP segfaulted with 100,000 threads; anything above the CPU count is refused before loading."""
+    if int(threads) <= (os.cpu_count() or 1) and threads != "0":
+        pytest.skip("this machine has that many CPUs")
+    args = ["run", str(bundle("tiny-llama")), "--prompt", "Hi", "--threads", threads]
+    assert aotpack(args) == 2
+    assert f"threads {threads} must be an integer from 1 to" in _error(capsys)
+
+
+def test_closed_output_pipe_is_one_line_not_a_traceback(bundle):
+    """`aotpack inspect BUNDLE | head -1`: the closed pipe ends the command with one line on stderr."""
+    done = subprocess.run(
+        f"{sys.executable} -m exporter.cli inspect {bundle('tiny-llama')} | head -1",
+        shell=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "model" in done.stdout
+    assert "Traceback" not in done.stderr

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.cache import FULL, SLIDING, LayerLayout
 from runtime.errors import ManifestError
-from runtime.manifest import Constant, Manifest, Parity, _digest
+from runtime.manifest import FORMAT_VERSION, Accuracy, Constant, Lowering, Manifest, Parity, Quantization, _digest
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -21,27 +22,80 @@ json_values = st.recursive(
 
 layers = st.builds(
     lambda kind, slots, heads, dim: LayerLayout(kind, slots, slots if kind == SLIDING else None, heads, dim),
-    st.sampled_from([FULL, SLIDING]), st.integers(1, 64), st.integers(1, 8), st.integers(1, 256),
+    st.sampled_from([FULL, SLIDING]),
+    st.integers(1, 64),
+    st.integers(1, 8),
+    st.integers(1, 256),
+)
+
+
+names = st.text(min_size=1, max_size=10)
+quantizations = st.none() | st.builds(
+    lambda method, linears, embedding: Quantization(
+        method, 32 if method == "int4" else None, tuple(linears), embedding, linears[-1] if embedding else None
+    ),
+    st.sampled_from(["int8", "int4"]),
+    st.lists(names, min_size=1, max_size=3),
+    st.none() | names,
+)
+lowerings = st.builds(
+    lambda op, rows, cols, rates: Lowering(op, rows, cols, "float32", next(iter(rates), "aten"), rates),
+    st.sampled_from(["linear", "int8", "int4"]),
+    st.integers(1, 4096),
+    st.integers(1, 4096),
+    st.dictionaries(names, st.floats(0, 100), max_size=3),
+)
+accuracies = st.none() | st.builds(
+    Accuracy, st.integers(1, 512), st.floats(1, 1e4), st.floats(1, 1e4), st.integers(0, 256), st.floats(0, 1)
 )
 
 
 @st.composite
 def manifests(draw):
     layout = tuple(draw(st.lists(layers, min_size=1, max_size=6)))
+    dtype = draw(st.sampled_from(["float32", "bfloat16", "float16"]))
+    batch = draw(st.integers(1, 64))
     return Manifest(
-        format_version=1, aotpack_version="0.1.0", torch_version=draw(st.text(min_size=1, max_size=12)),
-        transformers_version="5.24.0", python_version="3.11.7", model_class=draw(st.text(min_size=1, max_size=20)),
-        is_multimodal=draw(st.booleans()), device=draw(st.sampled_from(["cpu", "cuda"])),
-        cpu_isa=draw(st.none() | st.text(max_size=20)), dtype=draw(st.sampled_from(["float32", "bfloat16", "float16"])),
-        batch_size=draw(st.integers(1, 64)), max_cache_len=64, vocab_size=draw(st.integers(1, 300000)),
-        cache_layout=layout, cache_bytes=tuple(draw(st.integers(1, 2**40)) for _ in layout),
+        format_version=FORMAT_VERSION,
+        aotpack_version="0.2.0",
+        torch_version=draw(st.text(min_size=1, max_size=12)),
+        transformers_version="5.24.0",
+        python_version="3.11.7",
+        model_class=draw(st.text(min_size=1, max_size=20)),
+        attn_implementation=draw(st.sampled_from(["sdpa", "eager"])),
+        is_multimodal=draw(st.booleans()),
+        device=draw(st.sampled_from(["cpu", "cuda"])),
+        cpu_isa=draw(st.none() | st.text(max_size=20)),
+        dtype=dtype,
+        batch_size=batch,
+        max_cache_len=64,
+        vocab_size=draw(st.integers(1, 300000)),
+        cache_layout=layout,
+        cache_bytes=tuple(layer.nbytes(batch, getattr(torch, dtype)) for layer in layout),
         decode_inputs=("input_ids", "position_ids", "cache_position", "pad_mask"),
-        constants=tuple(draw(st.lists(st.builds(
-            Constant, st.text(max_size=10), st.text(max_size=10), st.none() | st.text(max_size=10),
-            st.sampled_from(["float32", "bfloat16"]), st.lists(st.integers(0, 4096), max_size=3).map(tuple),
-        ), max_size=4))),
-        files={"decode.pt2": "ab" * 32} | draw(st.dictionaries(st.text(min_size=1, max_size=10), st.text(max_size=64), max_size=4)),
-        build_seconds=draw(st.floats(0, 1e6)), built_at="2026-11-29T00:00:00+00:00",
+        constants=tuple(
+            draw(
+                st.lists(
+                    st.builds(
+                        Constant,
+                        st.text(max_size=10),
+                        st.text(max_size=10),
+                        st.none() | st.text(max_size=10),
+                        st.sampled_from(["float32", "bfloat16"]),
+                        st.lists(st.integers(0, 4096), max_size=3).map(tuple),
+                    ),
+                    max_size=4,
+                )
+            )
+        ),
+        weight_aliases=draw(st.dictionaries(names, names, max_size=2)),
+        quantization=draw(quantizations),
+        lowerings=tuple(draw(st.lists(lowerings, max_size=3))),
+        accuracy=draw(accuracies),
+        files={"decode.pt2": "ab" * 32}
+        | draw(st.dictionaries(st.text(min_size=1, max_size=10), st.text(max_size=64), max_size=4)),
+        build_seconds=draw(st.floats(0, 1e6)),
+        built_at="2026-11-29T00:00:00+00:00",
         parity=Parity(draw(st.integers(0, 100)), draw(st.floats(0, 1)), draw(st.floats(0, 1)), draw(st.booleans())),
     )
 
@@ -98,10 +152,10 @@ def test_any_flipped_bit_is_refused(manifest, position, bit):
     assert read == manifest  # only a flip JSON cannot see (e.g. inside insignificant whitespace) may pass
 
 
-@given(manifests(), st.integers(2, 10**6))
+@given(manifests(), st.just(1) | st.integers(FORMAT_VERSION + 1, 10**6))
 def test_unsupported_versions_name_both(manifest, version):
     raw = json.loads(manifest.to_json()) | {"format_version": version}
-    with pytest.raises(ManifestError, match=f"format_version {version} .* reads \\[1\\]"):
+    with pytest.raises(ManifestError, match=f"format_version {version} .* reads \\[{FORMAT_VERSION}\\]"):
         Manifest.from_json(_with_digest(raw))
 
 
@@ -112,4 +166,33 @@ def test_layer_kind_and_window_must_agree(manifest):
     layer = raw["cache_layout"][0]
     layer["kind"] = SLIDING if layer["kind"] == FULL else FULL  # keep the other kind's window (or lack of one)
     with pytest.raises(ManifestError, match="window goes with sliding layers only"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"a": 1, "a": 2}', "repeats the key 'a'"),
+        ('{"a": NaN}', "NaN, which is not JSON"),
+        ('{"a": Infinity}', "Infinity, which is not JSON"),
+        ('{"a": 1e400}', "non-finite number 1e400"),
+        ("[" * 100_000 + "]" * 100_000, "RecursionError"),
+        ('{"a": ' + "9" * 5000 + "}", "not valid JSON"),
+        (b'{"a": "\xff"}', "UnicodeDecodeError"),
+    ],
+    ids=["duplicate key", "NaN", "Infinity", "overflowing float", "deep nesting", "5000 digits", "not UTF-8"],
+)
+def test_hostile_json_is_a_manifest_error(text, message):
+    with pytest.raises(ManifestError, match=message):
+        Manifest.from_json(text)
+
+
+@given(manifests(), st.integers(1, 2**80))
+@settings(max_examples=30)
+def test_cache_bytes_must_match_the_layout(manifest, nbytes):
+    raw = json.loads(manifest.to_json())
+    if nbytes == raw["cache_bytes"][0]:
+        return
+    raw["cache_bytes"][0] = nbytes
+    with pytest.raises(ManifestError, match="does not match its layer"):
         Manifest.from_json(_with_digest(raw))

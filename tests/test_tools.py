@@ -20,11 +20,33 @@ ROOT = Path(__file__).parents[1]
 def test_bench_completes_and_writes_its_files(tmp_path, capsys):
     """A benchmark is not a timed test: this checks that every figure is produced, not how fast."""
     out = tmp_path / "bench"
-    args = ["bench", "--model", "tiny-llama", "--dtype", "float32", "--prompt-len", "6", "--new-tokens", "8",
-            "--threads", "2", "--out", str(out)]
+    args = [
+        "bench",
+        "--model",
+        "tiny-llama",
+        "--dtype",
+        "float32",
+        "--quantize",
+        "int8",
+        "--prompt-len",
+        "6",
+        "--new-tokens",
+        "8",
+        "--threads",
+        "2",
+        "--gemv",
+        "aten",
+        "--out",
+        str(out),
+    ]
     assert aotpack(args) == 0
     results = json.loads((out / "bench.json").read_text())
-    assert {r["system"] for r in results["runs"]} == {"hf_eager", "hf_compile", "aotpack"}
+    assert {(r["dtype"], r["system"]) for r in results["runs"]} == {
+        ("float32", "hf_eager"),
+        ("float32", "hf_compile"),
+        ("float32", "aotpack"),
+        ("int8", "aotpack"),
+    }
     for run in results["runs"]:
         for key in ("time_to_first_token_s", "first_request_s", "prefill_ms", "decode_ms_per_token", "peak_rss_mib"):
             assert run[key] > 0, (run["system"], key)
@@ -33,28 +55,49 @@ def test_bench_completes_and_writes_its_files(tmp_path, capsys):
     assert figures["tokens_equal_eager"] is True
     assert 0 < figures["pct_of_floor"] and figures["floor_ms"] > 0 and figures["bandwidth_gb_s"] > 0
     assert figures["gemv_gb_s"] > 0 and figures["gemv_floor_ms"] > 0 and figures["pct_of_gemv_floor"] > 0
-    assert "| float32 | aotpack |" in (out / "bench.md").read_text()
+    quantized = results["derived"]["int8"]
+    assert quantized["rss_vs_float32"] > 0 and quantized["pct_of_floor"] > 0 and "gemv_gb_s" not in quantized
+    assert quantized["reference_perplexity"] > 0 and 0 <= quantized["greedy_agreement"] <= 1
+    report = (out / "bench.md").read_text()
+    assert "| float32 | aotpack |" in report and "| int8 | aotpack |" in report and "perplexity" in report
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "first request" in capsys.readouterr().out
 
 
 def _synthetic_run(system: str, decode_ms: float, tokens: list[int], round_: int) -> dict:
-    return {"system": system, "dtype": "float32", "round": round_, "time_to_first_token_s": 1.0 + round_,
-            "first_request_s": 2.0 + round_, "prefill_ms": 10.0, "decode_ms_per_token": decode_ms,
-            "peak_rss_mib": 100.0, "tokens": tokens, "tokens_stable": True}
+    return {
+        "system": system,
+        "dtype": "float32",
+        "round": round_,
+        "time_to_first_token_s": 1.0 + round_,
+        "first_request_s": 2.0 + round_,
+        "prefill_ms": 10.0,
+        "decode_ms_per_token": decode_ms,
+        "peak_rss_mib": 100.0,
+        "tokens": tokens,
+        "tokens_stable": True,
+    }
 
 
 def test_bench_report_takes_medians_over_rounds():
     """Pure report logic on made-up figures: medians per system, the decode range, and both floors
     paired round by round with aotpack's decode."""
-    from exporter.bench_report import derived, medians
+    from exporter.bench.report import derived, medians
 
     runs = [_synthetic_run("aotpack", ms, [1, 2], r) for r, ms in enumerate((50.0, 90.0, 40.0))]
     runs += [_synthetic_run("hf_eager", ms, [1, 2] if r else [1, 3], r) for r, ms in enumerate((80.0, 70.0, 75.0))]
     step = {"weight_bytes": 2e9, "kv_bytes": 1e8, "total_bytes": 2.1e9, "largest_weight": [8, 4]}
-    rates = [{"dtype": "float32", "round": r, "bandwidth_gb_s": bw, "gemv_gb_s": 50.0} for r, bw in enumerate((100.0, 50.0, 100.0))]
-    results = {"config": {"dtypes": ["float32"]}, "runs": runs, "step_bytes_float32": step, "read_rates": rates,
-               "builds": {"float32": 60.0}}
+    rates = [
+        {"dtype": "float32", "round": r, "bandwidth_gb_s": bw, "gemv_gb_s": 50.0}
+        for r, bw in enumerate((100.0, 50.0, 100.0))
+    ]
+    results = {
+        "config": {"dtypes": ["float32"]},
+        "runs": runs,
+        "step_bytes_float32": step,
+        "read_rates": rates,
+        "builds": {"float32": 60.0},
+    }
     summary = medians(results)
     aot = next(r for r in summary if r["system"] == "aotpack")
     assert (aot["decode_ms_per_token"], aot["decode_range_ms"], aot["first_request_s"]) == (50.0, [40.0, 90.0], 3.0)
@@ -76,12 +119,17 @@ def test_portable_cpu_isa_bundle(bundle, checkpoint, tmp_path):
     assert portable.manifest.cpu_isa == "AVX2"
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     native = load(bundle("tiny-llama"))
-    assert torch.equal(portable.generate(input_ids=ids, max_new_tokens=20), native.generate(input_ids=ids, max_new_tokens=20))
+    assert torch.equal(
+        portable.generate(input_ids=ids, max_new_tokens=20), native.generate(input_ids=ids, max_new_tokens=20)
+    )
 
 
 def test_seed_example_runs_offline(bundle):
     done = subprocess.run(
         [sys.executable, "examples/seed_gemma3.py", "--out", str(bundle("tiny-gemma3-vlm"))],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -29,15 +29,29 @@ CASES = {
     # (a) the seed's exact messages: a system text and a user text, no image
     "text_only": [SYSTEM, {"role": "user", "content": [{"type": "text", "text": "Why is the sky blue?"}]}],
     # (b) one image
-    "one_image": [{"role": "user", "content": [{"type": "image", "image": image(1)}, {"type": "text", "text": "Describe the image."}]}],
+    "one_image": [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": image(1)}, {"type": "text", "text": "Describe the image."}],
+        }
+    ],
     # (c) two images in one turn
     "two_images": [
-        {"role": "user", "content": [{"type": "image", "image": image(2)}, {"type": "image", "image": image(3, (64, 20))},
-                                     {"type": "text", "text": "What is in this picture?"}]}
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": image(2)},
+                {"type": "image", "image": image(3, (64, 20))},
+                {"type": "text", "text": "What is in this picture?"},
+            ],
+        }
     ],
     # (d) a second user turn after an image turn
     "second_turn": [
-        {"role": "user", "content": [{"type": "image", "image": image(4)}, {"type": "text", "text": "Describe the image."}]},
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": image(4)}, {"type": "text", "text": "Describe the image."}],
+        },
         {"role": "assistant", "content": [{"type": "text", "text": "A cat is standing on the snow."}]},
         {"role": "user", "content": [{"type": "text", "text": "What colour is the sky?"}]},
     ],

@@ -1,6 +1,6 @@
-"""One benchmark measurement in a fresh process: `python -m exporter.bench_worker ...` prints one JSON line.
+"""One benchmark measurement in a fresh process: `python -m exporter.bench.worker ...` prints one JSON line.
 
-Owns: timing one system (HF eager, HF + torch.compile, or aotpack) from process start, so imports,
+Owns: timing one system (HF eager, HF + torch.compile, aotpack or llama.cpp) from process start, so imports,
 loading and compiling all count towards time to first token and first-request latency. Then
 `WARM_REQUESTS` warm requests give prefill ms and the steady decode ms/token (medians over them).
 """
@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 
-SYSTEMS = ("hf_eager", "hf_compile", "aotpack")
+SYSTEMS = ("hf_eager", "hf_compile", "aotpack", "llama_cpp")
 WARMUP_STEPS = 3  # decode steps of each warm request skipped before the steady-state median
 WARM_REQUESTS = 3  # more samples per process: the machine is shared and single requests are noisy
 
@@ -41,17 +41,21 @@ class Stamps:
 def _hf_request(model, ids, new_tokens: int, compiled: bool) -> Stamps:
     from transformers import CompileConfig
 
+    from exporter.compat import compile_on_cpu
+
     stamps = Stamps()
     kwargs = dict(cache_implementation="static")
     if compiled:
-        config = CompileConfig(fullgraph=True)
-        config._compile_all_devices = True  # generate compiles on CUDA only unless forced
-        kwargs["compile_config"] = config
+        kwargs["compile_config"] = compile_on_cpu(CompileConfig(fullgraph=True))
     else:
         kwargs["disable_compile"] = True
     model.generate(
-        input_ids=ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=new_tokens,
-        do_sample=False, streamer=stamps, **kwargs,
+        input_ids=ids,
+        attention_mask=ids.new_ones(ids.shape),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        streamer=stamps,
+        **kwargs,
     )
     return stamps
 
@@ -64,13 +68,31 @@ def _aot_request(rt, ids, new_tokens: int) -> Stamps:
     return stamps
 
 
-def _load(system: str, path: str, dtype: str):
+def _llama_request(llm, ids, new_tokens: int) -> Stamps:
+    """Greedy (top-1) through llama.cpp's own token loop, from an empty context each time."""
+    stamps = Stamps()
+    for token in llm.generate(ids[0].tolist(), temp=0.0, top_k=1, reset=True):
+        stamps.times.append(time.time())
+        stamps.tokens.append(int(token))
+        if len(stamps.tokens) == new_tokens:
+            break
+    return stamps
+
+
+def _load(system: str, path: str, dtype: str, args=None):
     import torch
 
     if system == "aotpack":
         from runtime import load
 
         return load(path)
+    if system == "llama_cpp":
+        from llama_cpp import Llama
+
+        context = len(args.prompt) + args.new_tokens + 8
+        return Llama(
+            model_path=path, n_ctx=context, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
+        )
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True).eval()
@@ -89,16 +111,16 @@ def measure(args) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    model = _load(args.system, args.path, args.dtype)
+    model = _load(args.system, args.path, args.dtype, args)
     ids = torch.tensor([args.prompt], dtype=torch.long)
     requests = [_timed_request(args, model, ids) for _ in range(1 + WARM_REQUESTS)]  # the first is cold
     for _, stamps in requests:
         _check_length(stamps, args.new_tokens)
     (_, cold), warm = requests[0], requests[1:]
-    steps = [b - a for _, s in warm for a, b in list(zip(s.times, s.times[1:]))[WARMUP_STEPS:]]
+    steps = [b - a for _, s in warm for a, b in list(zip(s.times, s.times[1:], strict=False))[WARMUP_STEPS:]]
     return {
         "system": args.system,
-        "dtype": args.dtype,
+        "dtype": args.variant,
         "time_to_first_token_s": cold.times[0] - args.spawned_at,
         "first_request_s": cold.times[-1] - args.spawned_at,
         "prefill_ms": statistics.median(s.times[0] - start for start, s in warm) * 1e3,
@@ -128,6 +150,8 @@ def _timed_request(args, model, ids) -> tuple[float, Stamps]:
     with torch.inference_mode():
         if args.system == "aotpack":
             return start, _aot_request(model, ids, args.new_tokens)
+        if args.system == "llama_cpp":
+            return start, _llama_request(model, ids, args.new_tokens)
         return start, _hf_request(model, ids, args.new_tokens, args.system == "hf_compile")
 
 
@@ -136,6 +160,7 @@ def main(argv=None) -> None:
     p.add_argument("--system", choices=SYSTEMS, required=True)
     p.add_argument("--path", required=True, help="checkpoint directory (hf_*) or bundle directory (aotpack)")
     p.add_argument("--dtype", required=True)
+    p.add_argument("--variant", required=True, help="the benchmark variant: a dtype, or int8/int4")
     p.add_argument("--prompt", type=lambda s: [int(t) for t in s.split(",")], required=True)
     p.add_argument("--new-tokens", type=int, required=True)
     p.add_argument("--threads", type=int, required=True)

@@ -3,7 +3,8 @@
 Owns: measuring this machine's memory read bandwidth on the spot (over as many bytes as a step
 reads), counting the bytes a decode step must read (every weight it uses: the embedding table counts
 as one row, unless it is also the `lm_head`, which reads all of it; plus the KV cache as allocated,
-which attention reads whole), and measuring how fast torch's batch-1 `linear` reads a weight of the model's largest shape. A batch-1
+which attention reads whole), and measuring how fast torch's batch-1 `linear` reads a weight of the
+model's largest shape. A batch-1
 decode step is a chain of such GEMVs, so that rate, not the bandwidth, is what any torch-kernel
 decode (eager, torch.compile or AOTInductor, which all call it) can reach.
 """
@@ -56,9 +57,20 @@ def gemv_bandwidth(rows: int, cols: int, dtype: torch.dtype, threads: int, repea
     return weight.numel() * weight.element_size() / seconds
 
 
+def _is_embedding(manifest: Manifest):
+    """Whether a module path belongs to the token embedding table (quantized: its packed tensors)."""
+    q = manifest.quantization
+    if q is not None and q.embedding is not None:
+        return lambda path: path.startswith(q.embedding + ".")
+    return lambda path: path.endswith("embed_tokens.weight")
+
+
 def bytes_per_step(manifest: Manifest) -> dict:
     """Weight bytes and KV bytes one decode step (batch 1) reads, from the manifest's constants (each
-    records its dtype and shape); non-persistent buffers such as rotary `inv_freq` are not weights."""
+    records its dtype and shape); non-persistent buffers such as rotary `inv_freq` are not weights.
+    The embedding table counts one row per step, unless it is also the lm_head, which reads all of it."""
+    is_embedding = _is_embedding(manifest)
+    heads = {c.module_path for c in manifest.constants if "lm_head" in c.name}
     seen: set[str] = set()  # eager tensors already counted: a tied weight backs two constants
     weights, largest = 0, (0, 0)
     for const in manifest.constants:
@@ -66,10 +78,9 @@ def bytes_per_step(manifest: Manifest) -> dict:
             continue
         seen.add(const.module_path)
         numel, itemsize = math.prod(const.shape), torch.empty((), dtype=getattr(torch, const.dtype)).element_size()
-        is_table = const.module_path.endswith("embed_tokens.weight")
-        tied = is_table and any(c.name.endswith("lm_head.weight") and c.module_path == const.module_path for c in manifest.constants)
-        weights += (const.shape[-1] if is_table and not tied else numel) * itemsize
-        if len(const.shape) == 2 and (tied or not is_table) and numel > math.prod(largest):
+        row_only = is_embedding(const.module_path) and const.module_path not in heads
+        weights += (numel // const.shape[0] if row_only else numel) * itemsize
+        if len(const.shape) == 2 and not row_only and numel > math.prod(largest):
             largest = const.shape
     kv = sum(manifest.cache_bytes) // manifest.batch_size
     return {"weight_bytes": weights, "kv_bytes": kv, "total_bytes": weights + kv, "largest_weight": list(largest)}

@@ -10,26 +10,84 @@ import json
 import statistics
 from pathlib import Path
 
-from exporter.bench_worker import WARM_REQUESTS
+from exporter.bench.llama_cpp import GGUF_TYPE
+from exporter.bench.worker import WARM_REQUESTS
 
-LABELS = {"hf_eager": "HF eager (static cache)", "hf_compile": "HF + torch.compile", "aotpack": "aotpack"}
+LABELS = {
+    "hf_eager": "HF eager (static cache)",
+    "hf_compile": "HF + torch.compile",
+    "aotpack": "aotpack",
+    "llama_cpp": "llama.cpp",
+}
+# decode speed against llama.cpp at the matching precision: the quantization issue's targets
+LLAMA_TARGETS = {"float32": 0.9, "bfloat16": 0.9, "int8": 1.0, "int4": 1.2}
+RSS_TARGETS = {"int8": 0.35, "int4": 0.2}  # peak RSS against the float32 bundle's
+PERPLEXITY_TARGETS = {"int8": 1.0, "int4": 5.0}  # % above the float32 model's perplexity
 
 
 # (target, figure key, how the measured figure reads)
 TARGETS = (
-    ("decode ≥ 70 % of the bandwidth floor", "pct_of_floor",
-     lambda d: f"{d['pct_of_floor']:.0f} % (floor {d['floor_ms']:.3g} ms/tok at {d['bandwidth_gb_s']:.1f} GB/s)"),
-    ("(not a target) decode vs torch's GEMV ceiling", "pct_of_gemv_floor",
-     lambda d: f"{d['pct_of_gemv_floor']:.0f} % (ceiling {d['gemv_floor_ms']:.3g} ms/tok at {d['gemv_gb_s']:.1f} GB/s)"),
+    (
+        "decode ≥ 70 % of the bandwidth floor",
+        "pct_of_floor",
+        lambda d: f"{d['pct_of_floor']:.0f} % (floor {d['floor_ms']:.3g} ms/tok at {d['bandwidth_gb_s']:.1f} GB/s)",
+    ),
+    (
+        "(not a target) decode vs torch's GEMV ceiling",
+        "pct_of_gemv_floor",
+        lambda d: (
+            f"{d['pct_of_gemv_floor']:.0f} % (ceiling {d['gemv_floor_ms']:.3g} ms/tok at {d['gemv_gb_s']:.1f} GB/s)"
+        ),
+    ),
     ("decode ≥ 1.5× HF eager", "decode_speedup_vs_eager", lambda d: f"{d['decode_speedup_vs_eager']:.2f}×"),
-    ("decode ≥ 1.2× HF + torch.compile", "decode_speedup_vs_compile", lambda d: f"{d['decode_speedup_vs_compile']:.2f}×"),
-    ("first request ≥ 10× shorter than HF + torch.compile", "first_request_speedup_vs_compile",
-     lambda d: f"{d['first_request_speedup_vs_compile']:.1f}× shorter"),
-    ("first request ≤ HF eager's", "first_request_vs_eager", lambda d: f"{d['first_request_vs_eager']:.2f}× HF eager's"),
+    (
+        "decode ≥ 1.2× HF + torch.compile",
+        "decode_speedup_vs_compile",
+        lambda d: f"{d['decode_speedup_vs_compile']:.2f}×",
+    ),
+    (
+        "first request ≥ 10× shorter than HF + torch.compile",
+        "first_request_speedup_vs_compile",
+        lambda d: f"{d['first_request_speedup_vs_compile']:.1f}× shorter",
+    ),
+    (
+        "first request ≤ HF eager's",
+        "first_request_vs_eager",
+        lambda d: f"{d['first_request_vs_eager']:.2f}× HF eager's",
+    ),
     ("peak RSS ≤ 1.1× HF eager's", "rss_vs_eager", lambda d: f"{d['rss_vs_eager']:.2f}×"),
     ("bundle build ≤ 180 s", "build_s", lambda d: f"{d['build_s']:.0f} s"),
     ("greedy tokens equal HF eager's", "tokens_equal_eager", lambda d: str(d["tokens_equal_eager"])),
+    (
+        "decode ≥ {llama_target}× llama.cpp {gguf}",
+        "decode_vs_llama_cpp",
+        lambda d: f"{d['decode_vs_llama_cpp']:.2f}× ({d['llama_cpp_ms']:.1f} ms/tok)",
+    ),
+    ("peak RSS ≤ {rss_target}× the float32 bundle's", "rss_vs_float32", lambda d: f"{d['rss_vs_float32']:.2f}×"),
+    (
+        "perplexity ≤ {ppl_target} % above float32's",
+        "perplexity_change_pct",
+        lambda d: f"{d['perplexity_change_pct']:+.2f} % ({d['perplexity']:.3f} vs {d['reference_perplexity']:.3f})",
+    ),
+    (
+        "(not a target) greedy agreement with float32 over 256 tokens",
+        "greedy_agreement",
+        lambda d: f"{100 * d['greedy_agreement']:.1f} %",
+    ),
 )
+
+
+def variants(results: dict) -> list[str]:
+    return results.get("variants") or results["config"]["dtypes"]
+
+
+def _label(template: str, variant: str) -> str:
+    return template.format(
+        llama_target=LLAMA_TARGETS.get(variant),
+        gguf=GGUF_TYPE.get(variant, ""),
+        rss_target=RSS_TARGETS.get(variant),
+        ppl_target=PERPLEXITY_TARGETS.get(variant),
+    )
 
 
 FIGURES = ("time_to_first_token_s", "first_request_s", "prefill_ms", "decode_ms_per_token", "peak_rss_mib")
@@ -41,8 +99,11 @@ def _median_run(runs: list[dict]) -> dict:
     out = {key: statistics.median(r[key] for r in runs) for key in FIGURES}
     decode = [r["decode_ms_per_token"] for r in runs]
     return out | {
-        "system": runs[0]["system"], "dtype": runs[0]["dtype"], "rounds": len(runs),
-        "decode_range_ms": [min(decode), max(decode)], "tokens": runs[0]["tokens"],
+        "system": runs[0]["system"],
+        "dtype": runs[0]["dtype"],
+        "rounds": len(runs),
+        "decode_range_ms": [min(decode), max(decode)],
+        "tokens": runs[0]["tokens"],
         "tokens_stable": all(r["tokens"] == runs[0]["tokens"] and r.get("tokens_stable", True) for r in runs),
     }
 
@@ -63,12 +124,14 @@ def _round_floors(results: dict, dtype: str) -> dict[int, dict]:
     step = results[f"step_bytes_{dtype}"]
     floors = {}
     for rate in (r for r in results["read_rates"] if r["dtype"] == dtype):
-        floors[rate["round"]] = {
+        floor = {
             "floor_ms": step["total_bytes"] / rate["bandwidth_gb_s"] / 1e6,
-            "gemv_floor_ms": (step["weight_bytes"] / rate["gemv_gb_s"] + step["kv_bytes"] / rate["bandwidth_gb_s"]) / 1e6,
             "bandwidth_gb_s": rate["bandwidth_gb_s"],
-            "gemv_gb_s": rate["gemv_gb_s"],
         }
+        if "gemv_gb_s" in rate:  # float variants: torch's own GEMV over the model's largest weight
+            gemv_s = step["weight_bytes"] / rate["gemv_gb_s"] + step["kv_bytes"] / rate["bandwidth_gb_s"]
+            floor |= {"gemv_floor_ms": gemv_s / 1e6, "gemv_gb_s": rate["gemv_gb_s"]}
+        floors[rate["round"]] = floor
     return floors
 
 
@@ -77,29 +140,51 @@ def _roofline(results: dict, dtype: str) -> dict:
     round by round (each round's floor is measured beside that round's decode)."""
     floors = _round_floors(results, dtype)
     out = {key: statistics.median(f[key] for f in floors.values()) for key in next(iter(floors.values()))}
-    decode = {r["round"]: r["decode_ms_per_token"] for r in results["runs"] if r["system"] == "aotpack" and r["dtype"] == dtype}
+    decode = {
+        r["round"]: r["decode_ms_per_token"]
+        for r in results["runs"]
+        if r["system"] == "aotpack" and r["dtype"] == dtype
+    }
     if decode:
         for key, pct in (("floor_ms", "pct_of_floor"), ("gemv_floor_ms", "pct_of_gemv_floor")):
-            out[pct] = statistics.median(100 * floors[n][key] / ms for n, ms in decode.items())
+            if key in out:
+                out[pct] = statistics.median(100 * floors[n][key] / ms for n, ms in decode.items())
     return out
 
 
 def derived(results: dict, summary: list[dict]) -> dict:
-    """Per dtype: floors, % of them, and each target ratio (absent where a system was not run)."""
+    """Per variant: floors, % of them, and each target ratio (absent where a system was not run)."""
     out = {}
-    for dtype in results["config"]["dtypes"]:
+    for dtype in variants(results):
         aot, eager, comp = (_run(summary, s, dtype) for s in ("aotpack", "hf_eager", "hf_compile"))
         d = _roofline(results, dtype) | {"build_s": results["builds"][dtype]}
         if aot and eager:
             d["decode_speedup_vs_eager"] = eager["decode_ms_per_token"] / aot["decode_ms_per_token"]
             d["first_request_vs_eager"] = aot["first_request_s"] / eager["first_request_s"]
             d["rss_vs_eager"] = aot["peak_rss_mib"] / eager["peak_rss_mib"]
-            d["tokens_equal_eager"] = aot["tokens"] == eager["tokens"] and aot["tokens_stable"] and eager["tokens_stable"]
+            d["tokens_equal_eager"] = (
+                aot["tokens"] == eager["tokens"] and aot["tokens_stable"] and eager["tokens_stable"]
+            )
         if aot and comp:
             d["decode_speedup_vs_compile"] = comp["decode_ms_per_token"] / aot["decode_ms_per_token"]
             d["first_request_speedup_vs_compile"] = comp["first_request_s"] / aot["first_request_s"]
-        out[dtype] = d
+        out[dtype] = d | _against_llama_and_float32(results, summary, dtype, aot)
     return out
+
+
+def _against_llama_and_float32(results: dict, summary: list[dict], variant: str, aot: dict | None) -> dict:
+    d = {}
+    llama, float32 = _run(summary, "llama_cpp", variant), _run(summary, "aotpack", "float32")
+    if aot and llama:
+        d["llama_cpp_ms"] = llama["decode_ms_per_token"]
+        d["decode_vs_llama_cpp"] = llama["decode_ms_per_token"] / aot["decode_ms_per_token"]
+    if aot and float32 and variant in RSS_TARGETS:
+        d["rss_vs_float32"] = aot["peak_rss_mib"] / float32["peak_rss_mib"]
+    accuracy = results.get("accuracy", {}).get(variant)
+    if accuracy:
+        d |= {key: accuracy[key] for key in ("perplexity", "reference_perplexity", "greedy_agreement")}
+        d["perplexity_change_pct"] = 100 * (accuracy["perplexity"] / accuracy["reference_perplexity"] - 1)
+    return d
 
 
 def markdown(results: dict, summary: list[dict], figures: dict) -> str:
@@ -107,30 +192,32 @@ def markdown(results: dict, summary: list[dict], figures: dict) -> str:
     rounds = c.get("rounds", 1)
     lines = [
         (
-            f"`aotpack bench --model {c['model']} --rounds {rounds}`: prompt {c['prompt_len']} tokens, {c['new_tokens']} "
+            f"`aotpack bench --model {c['model']} --rounds {rounds}`: prompt {c['prompt_len']} tokens, "
+            f"{c['new_tokens']} "
             f"new tokens, greedy, batch 1, {c['threads']} threads; {results['machine']['cpu']}. Each figure is the "
             f"median over {rounds} fresh-process round(s); "
             f"decode is the median step of {WARM_REQUESTS} warm requests per round, with its range over rounds."
         ),
         "",
-        "| dtype | system | time to first token | first request | prefill | decode | tok/s | peak RSS |",
+        "| variant | system | time to first token | first request | prefill | decode | tok/s | peak RSS |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in summary:
         low, high = r["decode_range_ms"]
         spread = f" ({low:.1f}–{high:.1f})" if r["rounds"] > 1 else ""
         lines.append(
-            f"| {r['dtype']} | {LABELS[r['system']]} | {r['time_to_first_token_s']:.2f} s | {r['first_request_s']:.2f} s | "
-            f"{r['prefill_ms']:.0f} ms | {r['decode_ms_per_token']:.1f} ms/tok{spread} | {1e3 / r['decode_ms_per_token']:.1f} | "
+            f"| {r['dtype']} | {_system_label(r)} | {r['time_to_first_token_s']:.2f} s | "
+            f"{r['first_request_s']:.2f} s | {r['prefill_ms']:.0f} ms | "
+            f"{r['decode_ms_per_token']:.1f} ms/tok{spread} | {1e3 / r['decode_ms_per_token']:.1f} | "
             f"{r['peak_rss_mib']:.0f} MiB |"
         )
-    lines += ["", "| dtype | target | measured |", "|---|---|---|"]
+    lines += ["", "| variant | target | measured |", "|---|---|---|"]
     for dtype, d in figures.items():
         for label, key, show in TARGETS:
             if key in d:
-                lines.append(f"| {dtype} | {label} | {show(d)} |")
-    rows, cols = results[f"step_bytes_{c['dtypes'][0]}"]["largest_weight"]
-    gemv = ", ".join(f"{d['gemv_gb_s']:.1f} GB/s in {dtype}" for dtype, d in figures.items())
+                lines.append(f"| {dtype} | {_label(label, dtype)} | {show(d)} |")
+    rows, cols = results[f"step_bytes_{variants(results)[0]}"]["largest_weight"]
+    gemv = ", ".join(f"{d['gemv_gb_s']:.1f} GB/s in {dtype}" for dtype, d in figures.items() if "gemv_gb_s" in d)
     lines += [
         "",
         (
@@ -144,6 +231,12 @@ def markdown(results: dict, summary: list[dict], figures: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _system_label(run: dict) -> str:
+    if run["system"] == "llama_cpp":
+        return f"llama.cpp ({GGUF_TYPE.get(run['dtype'], run['dtype'])})"
+    return LABELS[run["system"]]
+
+
 def chart(results: dict, summary: list[dict], figures: dict, path: Path) -> None:
     import matplotlib
 
@@ -151,7 +244,7 @@ def chart(results: dict, summary: list[dict], figures: dict, path: Path) -> None
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    dtypes = results["config"]["dtypes"]
+    dtypes = variants(results)
     systems = [s for s in LABELS if any(r["system"] == s for r in summary)]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     width = 0.8 / len(systems)
@@ -159,22 +252,29 @@ def chart(results: dict, summary: list[dict], figures: dict, path: Path) -> None
         runs = [_run(summary, system, d) for d in dtypes]
         xs = [j + i * width for j in range(len(dtypes))]
         bars = ax1.bar(xs, [r["first_request_s"] if r else 0 for r in runs], width, alpha=0.35)
-        ax1.bar(xs, [r["time_to_first_token_s"] if r else 0 for r in runs], width, color=bars.patches[0].get_facecolor()[:3])
+        ax1.bar(
+            xs, [r["time_to_first_token_s"] if r else 0 for r in runs], width, color=bars.patches[0].get_facecolor()[:3]
+        )
         ax2.bar(xs, [1e3 / r["decode_ms_per_token"] if r else 0 for r in runs], width, label=LABELS[system])
     for j, dtype in enumerate(dtypes):
         roof = 1e3 / figures[dtype]["floor_ms"]
         span = (j - width / 2, j + width * (len(systems) - 0.5))
         ax2.hlines(roof, *span, colors="black", linestyles="dashed", label="bandwidth roofline" if j == 0 else None)
-        ceiling = 1e3 / figures[dtype]["gemv_floor_ms"]
-        ax2.hlines(ceiling, *span, colors="gray", linestyles="dotted", label="torch GEMV ceiling" if j == 0 else None)
+        if "gemv_floor_ms" in figures[dtype]:
+            ceiling = 1e3 / figures[dtype]["gemv_floor_ms"]
+            ax2.hlines(
+                ceiling, *span, colors="gray", linestyles="dotted", label="torch GEMV ceiling" if j == 0 else None
+            )
     titles = ("time to first token (dark) and first request (light), s from process start", "steady decode (tokens/s)")
-    for ax, title in zip((ax1, ax2), titles):
+    for ax, title in zip((ax1, ax2), titles, strict=True):
         ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(dtypes))], dtypes)
         ax.set_title(title, fontsize=9)
     ax1.set_yscale("log")
     ax1.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax2.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"{results['config']['model']}: {results['machine']['cpu']}, {results['config']['threads']} threads", fontsize=9)
+    fig.suptitle(
+        f"{results['config']['model']}: {results['machine']['cpu']}, {results['config']['threads']} threads", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,115 @@
+"""Landing a bundle: built in a staging directory beside the target, moved into place whole, or not at all.
+
+Owns: the staging directory's life (made fresh, removed on any exit, and stale ones of dead exports
+cleaned up), SIGINT/SIGTERM handling during the build, file modes, and the final swap. On Linux the swap
+is one `renameat2(RENAME_EXCHANGE)`, so the target path never stops existing; elsewhere (or on a file
+system without it) it is two renames with a short window in which the target is absent, and a crash in
+that window leaves the previous bundle at `.NAME.old-PID` beside it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import signal
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from runtime.errors import ExportError
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+@contextmanager
+def staging_dir(out: Path):
+    """A fresh, empty directory beside `out`, removed on exit whatever happens."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot create {out.parent} ({e.strerror}); choose another --out") from None
+    _remove_stale(out)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_stale(out: Path) -> None:
+    """Staging and swap leftovers of exports whose process is gone (a SIGKILL leaves them behind)."""
+    for kind in ("partial", "old"):
+        for path in out.parent.glob(f".{out.name}.{kind}-*"):
+            pid = path.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+@contextmanager
+def signals_abort():
+    """SIGINT and SIGTERM abort the export. The handler raises at once, but CPython drops an exception
+    raised while a finalizer (`__del__`) runs, and libraries catch broadly, so the signal is also
+    recorded, and `received` is checked before the bundle lands."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield received
+        return
+
+    def handler(signum, frame):
+        received.append(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def readable_by_all(directory: Path) -> None:
+    """Files as the umask allows (some writers create 0600 files): anyone who may read the bundle can."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in directory.iterdir():
+        path.chmod(0o666 & ~umask)
+
+
+def land(staging: Path, out: Path) -> None:
+    """Move the complete bundle in `staging` to `out`, replacing what is there."""
+    if out.exists() and _exchange(staging, out):
+        shutil.rmtree(staging, ignore_errors=True)  # now holds the previous bundle
+        return
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2); False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(ctypes.get_errno(), f"exchanging {a} and {b}: {os.strerror(ctypes.get_errno())}")

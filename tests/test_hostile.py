@@ -1,0 +1,268 @@
+"""Hostile use: each case was reproduced against an earlier aotpack (a crash, a silent wrong result, lost
+data, or a traceback) and is now refused with a specific error, before any native code runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from test_faults import _rewrite
+
+from exporter.cli import main as aotpack
+from exporter.config import ExportConfig
+from exporter.landing import land, staging_dir
+from runtime import BundleError, ImageInputError, IntegrityError, InvalidInputError, RuntimeBusyError, load
+from runtime.bundle import open_bundle, read_manifest
+from runtime.manifest import MANIFEST
+
+BASE = "tiny-llama"
+VLM = "tiny-gemma3-vlm"
+IDS = torch.tensor([[5, 6, 7, 8]])
+
+
+@pytest.fixture
+def copy(bundle, tmp_path):
+    dest = tmp_path / "bundle"
+    shutil.copytree(bundle(BASE), dest)
+    return dest
+
+
+# ---- crashes --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{"pad_token_id": 384}, {"pad_token_id": -1}, {"pad_token_id": 10**9}])
+def test_pad_id_outside_the_vocabulary_is_refused_before_the_so_sees_it(runtime, options):
+    """Row 0 finished, and its pad id went into the .so: `index out of bounds` in OpenMP, exit 134."""
+    rt = runtime(BASE)
+    with pytest.raises(InvalidInputError, match="pad_token_id .* is outside the vocabulary"):
+        rt.generate(torch.cat([IDS, IDS]), max_new_tokens=10, eos_token_id=304, **options)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda raw: raw["cache_layout"][0].update(slots=4),
+        lambda raw: raw.update(batch_size=4),
+        lambda raw: raw.update(max_cache_len=80),
+    ],
+    ids=["fewer slots", "larger batch", "shorter cache"],
+)
+def test_manifest_describing_other_buffers_than_the_so_is_refused(copy, edit):
+    """A consistent edit (hashes and digest recomputed) corrupted the heap: the .so carries the
+    fingerprint of what it was compiled for, and load() compares."""
+    raw = json.loads((copy / MANIFEST).read_text())
+    edit(raw)
+    dtype = {"float32": 4}[raw["dtype"]]
+    raw["cache_bytes"] = [
+        2
+        * raw["batch_size"]
+        * layer["num_kv_heads"]
+        * min(layer["slots"], raw["max_cache_len"])
+        * layer["head_dim"]
+        * dtype
+        for layer in raw["cache_layout"]
+    ]
+    for layer in raw["cache_layout"]:
+        layer["slots"] = min(layer["slots"], raw["max_cache_len"])
+    _rewrite(copy, **{k: v for k, v in raw.items() if k != "digest"})
+    with pytest.raises(BundleError, match="not what decode.pt2 was compiled for"):
+        load(copy)
+
+
+# ---- silent wrong results -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_pixels_are_refused_and_do_not_poison_later_requests(runtime, value):
+    from helpers import chat
+    from PIL import Image
+
+    rt = runtime(VLM)
+    messages = [
+        [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": Image.new("RGB", (32, 32))}, {"type": "text", "text": "Hi"}],
+            }
+        ]
+    ]
+    inputs = chat(rt, messages)
+    clean = rt.generate(**inputs, max_new_tokens=6, min_new_tokens=6)
+    bad = dict(inputs, pixel_values=inputs["pixel_values"].clone())
+    bad["pixel_values"][0, 0, 0, 0] = value
+    with pytest.raises(ImageInputError, match="NaN or infinite"):
+        rt.generate(**bad, max_new_tokens=6)
+    assert torch.equal(rt.generate(**inputs, max_new_tokens=6, min_new_tokens=6), clean)
+
+
+def test_stale_cache_values_never_reach_a_new_request(runtime):
+    """Whatever an earlier request left in the cache (here: NaN everywhere) is cleared first."""
+    rt = runtime(BASE)
+    clean = rt.generate(IDS, max_new_tokens=8, min_new_tokens=8)
+    for t in rt.kv:
+        t.fill_(float("nan"))
+    assert torch.equal(rt.generate(IDS, max_new_tokens=8, min_new_tokens=8), clean)
+
+
+@pytest.mark.parametrize(
+    ("pixels", "message"),
+    [(torch.zeros(1, 3, 16, 16), "has shape"), (torch.zeros(1, 3, 32, 32, dtype=torch.long), "float tensor")],
+)
+def test_pixel_values_of_the_wrong_shape_or_dtype_are_refused(runtime, pixels, message):
+    from helpers import chat
+    from PIL import Image
+
+    rt = runtime(VLM)
+    messages = [
+        [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": Image.new("RGB", (32, 32))}, {"type": "text", "text": "Hi"}],
+            }
+        ]
+    ]
+    inputs = chat(rt, messages) | {"pixel_values": pixels}
+    with pytest.raises(ImageInputError, match=message):
+        rt.generate(**inputs, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("name", ["chat_template.json", "special_tokens_map.json", "notes.txt"])
+def test_unlisted_files_are_refused(copy, name):
+    """A dropped-in chat_template.json replaced the hashed template, and verify still passed."""
+    (copy / name).write_text("{}")
+    with pytest.raises(IntegrityError, match=f"'{name}' .* is not listed in the manifest"):
+        open_bundle(copy)
+
+
+def test_manifest_symlink_is_refused(copy, tmp_path):
+    outside = tmp_path / "manifest.json"
+    shutil.move(copy / MANIFEST, outside)
+    (copy / MANIFEST).symlink_to(outside)
+    with pytest.raises(IntegrityError, match="symlink"):
+        read_manifest(copy)
+
+
+# ---- data loss and leftovers ----------------------------------------------------------------------
+
+
+def test_force_never_deletes_a_directory_that_is_not_a_bundle(tmp_path):
+    """`--force` removed userdata/important.txt and userdata/photos/."""
+    user = tmp_path / "userdata"
+    (user / "photos").mkdir(parents=True)
+    (user / "important.txt").write_text("keep me")
+    with pytest.raises(Exception, match="is not an aotpack bundle"):
+        ExportConfig(model=BASE, out=user, force=True)
+    assert (user / "important.txt").read_text() == "keep me" and (user / "photos").is_dir()
+
+
+def test_out_under_a_file_is_refused_before_loading(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert aotpack(["export", BASE, "--out", str(tmp_path / "file" / "bundle")]) == 2
+    assert "is not a writable directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--max-cache-len", "1000000000000"], ["--batch-size", "1000000000"]])
+def test_absurd_sizes_are_refused_before_loading(tmp_path, capsys, option):
+    assert aotpack(["export", BASE, "--out", str(tmp_path / "b"), *option]) == 2
+    assert "must be an integer from 1 to" in capsys.readouterr().err
+
+
+def test_stale_staging_of_a_dead_export_is_removed(tmp_path):
+    """A SIGKILLed export left `.NAME.partial-PID` for good."""
+    out = tmp_path / "bundle"
+    dead = tmp_path / ".bundle.partial-999999999"  # no such process
+    dead.mkdir()
+    with staging_dir(out) as staging:
+        assert staging.is_dir() and not dead.exists()
+    assert not staging.exists()
+
+
+def test_landing_swaps_the_bundle_whole(tmp_path):
+    """The target never stops existing: renameat2(RENAME_EXCHANGE) where Linux offers it."""
+    out, staging = tmp_path / "bundle", tmp_path / "new"
+    out.mkdir()
+    (out / "old").write_text("old")
+    staging.mkdir()
+    (staging / "new").write_text("new")
+    land(staging, out)
+    assert sorted(p.name for p in out.iterdir()) == ["new"] and not staging.exists()
+
+
+def test_every_bundle_file_is_readable_under_the_umask(bundle):
+    """model.safetensors used to be 0600 while the rest were 0644."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in Path(bundle(BASE)).iterdir():
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path.name
+
+
+# ---- concurrency ----------------------------------------------------------------------------------
+
+
+def test_a_suspended_generator_blocks_other_threads_for_a_bounded_time(runtime):
+    """A generator left suspended in one thread held the cache forever; others now wait `busy_timeout`."""
+    rt = runtime(BASE)
+    suspended = rt.iter_tokens(IDS, max_new_tokens=5)
+    next(suspended)
+    errors = []
+
+    def other():
+        try:
+            rt.generate(IDS, max_new_tokens=2)
+        except RuntimeBusyError as e:
+            errors.append(str(e))
+
+    previous, rt.busy_timeout = rt.busy_timeout, 0.5
+    try:
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(timeout=30)
+    finally:
+        rt.busy_timeout = previous
+        suspended.close()
+    assert errors and "held by another generation for 0.5 s" in errors[0]
+    assert rt.generate(IDS, max_new_tokens=2).shape == (1, 6)  # closing the generator released the cache
+
+
+# ---- integrity is not authenticity: what hashes still guarantee --------------------------------------
+
+
+def test_the_decode_loaded_is_the_one_verified(copy, monkeypatch):
+    """decode.pt2 swapped after its hash was checked, while the weights load: the .so is loaded from a
+    private copy of the verified bytes, so the swap is caught, not run."""
+    import runtime.runtime as runtime_module
+
+    build = runtime_module.build_model
+
+    def swap_then_build(path, manifest):
+        (copy / "decode.pt2").write_bytes(b"PK\x03\x04 not the package that was verified")
+        return build(path, manifest)
+
+    monkeypatch.setattr(runtime_module, "build_model", swap_then_build)
+    with pytest.raises(IntegrityError, match="changed after it was verified"):
+        load(copy)
+
+
+def test_loads_leave_no_unpacked_package_behind(bundle, copy, tmp_path, monkeypatch):
+    """The loader unpacks the .so into a private folder that goes once it is mapped, failed load or not."""
+    import tempfile
+
+    watched = tmp_path / "tmp"
+    watched.mkdir()
+    monkeypatch.setenv("TMPDIR", str(watched))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile caches the directory it picked first
+    load(bundle(BASE))
+    data = (copy / "decode.pt2").read_bytes()
+    (copy / "decode.pt2").write_bytes(data[: len(data) // 2])  # damaged, with a hash that matches
+    raw = json.loads((copy / MANIFEST).read_text())
+    from runtime.bundle import sha256
+
+    _rewrite(copy, files=raw["files"] | {"decode.pt2": sha256(copy / "decode.pt2")})
+    with pytest.raises(BundleError, match="could not be loaded"):
+        load(copy)
+    assert list(watched.iterdir()) == []
