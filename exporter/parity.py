@@ -12,7 +12,7 @@ import torch
 from runtime.cache import allocate
 from runtime.errors import ExportError
 from runtime.manifest import Parity
-from runtime.prefill import DecodeCursor, prefill
+from runtime.prefill import start
 
 # Allowed max |logit difference|, relative to the largest reference logit (at least 1).
 RELATIVE_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
@@ -60,8 +60,8 @@ def check_parity(model, decode, layout, tokenizer, dtype: str, batch: int, steps
 
 def _teacher_forced(model, decode, layout, ids, mask, tokens, dtype, max_cache_len) -> list[torch.Tensor]:
     kv = allocate(layout, ids.shape[0], getattr(torch, dtype), ids.device)
-    cursor = DecodeCursor(mask, max_cache_len)
-    logits = [prefill(model, kv, layout, ids, mask, cursor.prompt_positions)]  # each (b, vocab)
+    first, cursor = start(model, decode, kv, layout, ids, mask, max_cache_len)
+    logits = [first]  # each (b, vocab)
     for step in range(tokens.shape[1] - 1):
         position, index = cursor.advance()
         logits.append(decode(tokens[:, step : step + 1].contiguous(), position, index, cursor.pad_mask, kv))

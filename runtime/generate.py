@@ -17,7 +17,7 @@ from transformers.generation import LogitsProcessorList
 from runtime import compat
 from runtime.errors import CacheOverflowError, ImageInputError, InvalidInputError
 from runtime.options import check_generator, check_options
-from runtime.prefill import DecodeCursor, prefill
+from runtime.prefill import start
 from runtime.sampling import next_token
 
 # Prefill inputs a processor may return besides input_ids / attention_mask.
@@ -216,8 +216,9 @@ def iter_steps(bundle, request: Request, kv) -> Iterator[tuple[torch.Tensor, tor
     batch, seq = ids.shape
     new_tokens = request.config.max_new_tokens
     processors = request.processors
-    cursor = DecodeCursor(mask, bundle.manifest.max_cache_len)
-    scores = prefill(bundle.model, kv, bundle.layout, ids, mask, cursor.prompt_positions, **request.model_inputs)
+    scores, cursor = start(
+        bundle.model, bundle.decode, kv, bundle.layout, ids, mask, bundle.manifest.max_cache_len, **request.model_inputs
+    )
     history = ids  # (B, S)
     unfinished = torch.ones(batch, dtype=torch.bool, device=ids.device)
     eos = torch.tensor(request.eos_ids, dtype=torch.long, device=ids.device)

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -54,8 +55,6 @@ class Runtime:
         self.layout = m.cache_layout
         self.decode = CompiledDecode(decode_path(self.path), self.model, m, sha256=m.files[DECODE])
         self.kv = allocate(self.layout, m.batch_size, getattr(torch, m.dtype), m.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-        self.processor = self._processor() if m.is_multimodal else self.tokenizer
         self.generation_config = GenerationConfig.from_pretrained(self.path, local_files_only=True)
         self.busy_timeout = busy_timeout  # seconds a generation waits for the cache before RuntimeBusyError
         self._lock = threading.Lock()
@@ -75,7 +74,16 @@ class Runtime:
             hashed.result()
         return model
 
-    def _processor(self):
+    # The tokenizer and processor load on first use: parsing a 262k-token vocabulary costs 3-4 s of
+    # start-up, which a caller that passes token ids (a service with its own tokenizer) never needs.
+    @cached_property
+    def tokenizer(self):
+        return AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+
+    @cached_property
+    def processor(self):
+        if not self.manifest.is_multimodal:
+            return self.tokenizer
         from transformers import AutoProcessor  # image-processing imports cost ~1 s: only VLMs pay them
 
         return AutoProcessor.from_pretrained(self.path, local_files_only=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -266,3 +267,55 @@ def test_loads_leave_no_unpacked_package_behind(bundle, copy, tmp_path, monkeypa
     with pytest.raises(BundleError, match="could not be loaded"):
         load(copy)
     assert list(watched.iterdir()) == []
+
+
+# ---- tracebacks that are now one line and exit status 2 ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--temperature", "nan"], "temperature must be a finite number"),
+        (["--top-k", "-1"], "top_k must be an integer >= 0"),
+        (["--top-p", "-1"], "top_p must be a number in \\(0, 1\\]"),
+        (["--seed", "99999999999999999999"], "--seed 99999999999999999999 must be from 0 to 2\\*\\*64 - 1"),
+    ],
+)
+def test_bad_run_options_are_one_line_errors(bundle, capsys, option, message):
+    assert aotpack(["run", str(bundle(BASE)), "--prompt", "Hi", *option]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert re.search(message, err), err
+
+
+def test_decompression_bomb_is_refused(bundle, tmp_path, capsys):
+    from PIL import Image
+
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (20000, 20000)).save(bomb)  # 400 M pixels: over twice PIL's MAX_IMAGE_PIXELS
+    assert aotpack(["run", str(bundle(VLM)), "--prompt", "Hi", "--image", str(bomb)]) == 2
+    assert "too large to decode safely" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_run_is_one_line(bundle, capsys, monkeypatch):
+    import runtime.chat
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runtime.chat, "stream_text", interrupted)
+    assert aotpack(["run", str(bundle(BASE)), "--prompt", "Hi"]) == 2
+    assert capsys.readouterr().err.strip().endswith("error: interrupted")
+
+
+def test_compiler_that_cannot_start_is_an_export_error(checkpoint, tmp_path, capsys, monkeypatch):
+    """A failed fork of the C++ compiler printed about 70 lines of traceback."""
+
+    def no_fork(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_fork)
+    out = tmp_path / "b"
+    assert aotpack(["export", str(checkpoint(BASE)), "--out", str(out), "--max-cache-len", "64", "--gemv", "aten"]) == 2
+    assert "the C++ compiler could not run (BlockingIOError" in capsys.readouterr().err
+    assert not out.exists()

@@ -19,7 +19,8 @@ def test_bundle_runs_offline_without_its_checkpoint(bundle, checkpoint, referenc
     name = "tiny-qwen3"
     path = bundle(name)
     model = reference(name)
-    inputs = chat(load(path).tokenizer, [[{"role": "user", "content": "Why is the sky blue?"}]])
+    tokenizer = load(path).tokenizer
+    inputs = chat(tokenizer, [[{"role": "user", "content": "Why is the sky blue?"}]])
     expected = model.generate(**inputs, max_new_tokens=20, min_new_tokens=20, do_sample=False)
 
     source = checkpoint(name)
@@ -32,9 +33,12 @@ def test_bundle_runs_offline_without_its_checkpoint(bundle, checkpoint, referenc
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # offline by construction, not by flag
         rt = load(path)
         out = rt.generate(**inputs, max_new_tokens=20, min_new_tokens=20)
+        assert "tokenizer" not in vars(rt)  # token ids in, ids out: the tokenizer was never parsed
+        text = rt.tokenizer.decode(out[0])  # loaded on first use, offline too
     finally:
         hidden.rename(source)
     assert torch.equal(out, expected)
+    assert text == tokenizer.decode(expected[0])
 
 
 def test_network_guard_is_real():

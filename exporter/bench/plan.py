@@ -155,21 +155,17 @@ def _measure(system: str, path: Path, variant: str, prompt: list[int], config: B
     return json.loads(_run(cmd, env).strip().splitlines()[-1])
 
 
+# the vector ISAs that decide which kernels Inductor and llama.cpp can use on this CPU
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
 def machine() -> dict:
-    cpu = (
-        next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            platform.processor(),
-        )
-        if Path("/proc/cpuinfo").exists()
-        else platform.processor()
-    )
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    field = lambda name: next((line.split(":", 1)[1].strip() for line in info if line.startswith(name)), "")  # noqa: E731
+    flags = set(field("flags").split())
     return {
-        "cpu": cpu,
+        "cpu": field("model name") or platform.processor(),
+        "isa": [flag for flag in ISA_FLAGS if flag in flags],
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,

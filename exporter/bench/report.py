@@ -81,13 +81,23 @@ def variants(results: dict) -> list[str]:
     return results.get("variants") or results["config"]["dtypes"]
 
 
+# how a templated target reads for a variant that has no such target but has the figure
+UNTARGETED = {
+    "decode ≥ {llama_target}× llama.cpp {gguf}": "(not a target) decode vs llama.cpp {gguf}",
+    "peak RSS ≤ {rss_target}× the float32 bundle's": "(not a target) peak RSS vs the float32 bundle's",
+    "perplexity ≤ {ppl_target} % above float32's": "(not a target) perplexity vs float32's",
+}
+
+
 def _label(template: str, variant: str) -> str:
-    return template.format(
-        llama_target=LLAMA_TARGETS.get(variant),
-        gguf=GGUF_TYPE.get(variant, ""),
-        rss_target=RSS_TARGETS.get(variant),
-        ppl_target=PERPLEXITY_TARGETS.get(variant),
-    )
+    fields = {
+        "llama_target": LLAMA_TARGETS.get(variant),
+        "rss_target": RSS_TARGETS.get(variant),
+        "ppl_target": PERPLEXITY_TARGETS.get(variant),
+    }
+    if any(value is None and "{" + key + "}" in template for key, value in fields.items()):
+        template = UNTARGETED[template]
+    return template.format(gguf=GGUF_TYPE.get(variant, ""), **fields)
 
 
 FIGURES = ("time_to_first_token_s", "first_request_s", "prefill_ms", "decode_ms_per_token", "peak_rss_mib")
@@ -188,13 +198,15 @@ def _against_llama_and_float32(results: dict, summary: list[dict], variant: str,
 
 
 def markdown(results: dict, summary: list[dict], figures: dict) -> str:
-    c = results["config"]
+    c, m = results["config"], results["machine"]
     rounds = c.get("rounds", 1)
+    flags = "".join(f" --quantize {q}" for q in c.get("quantize", ()))
+    flags += " --llama-cpp-converter …" if c.get("llama_cpp_converter") else ""
+    cpu = m["cpu"] + (f" ({', '.join(m['isa'])})" if m.get("isa") else "")
     lines = [
         (
-            f"`aotpack bench --model {c['model']} --rounds {rounds}`: prompt {c['prompt_len']} tokens, "
-            f"{c['new_tokens']} "
-            f"new tokens, greedy, batch 1, {c['threads']} threads; {results['machine']['cpu']}. Each figure is the "
+            f"`aotpack bench --model {c['model']}{flags} --rounds {rounds}`: prompt {c['prompt_len']} tokens, "
+            f"{c['new_tokens']} new tokens, greedy, batch 1, {c['threads']} threads; {cpu}. Each figure is the "
             f"median over {rounds} fresh-process round(s); "
             f"decode is the median step of {WARM_REQUESTS} warm requests per round, with its range over rounds."
         ),
