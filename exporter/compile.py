@@ -24,13 +24,20 @@ def export_decode(step, contract: DecodeContract):
         )
 
 
-def inductor_options(device: str, cpu_isa: str, contract: DecodeContract) -> dict:
+def inductor_options(device: str, cpu_isa: str, contract: DecodeContract, quantized: bool = False) -> dict:
+    """`quantized`: let the C++ compiler reassociate and fuse float arithmetic. A dequantizing reduction
+    is bound by the latency of its one vector accumulator (an add every 8 weights); reassociation lets
+    GCC split that chain, and the int8/int4 kernels read 30-70 % faster on AVX2 here (float GEMVs,
+    bound by memory, gained nothing, so float bundles keep strict IEEE order). NaN and Inf keep their
+    meaning (`-fno-finite-math-only` stays), and the parity gate checks the result as always."""
     options = {
         "aot_inductor.package_constants_in_so": False,  # weights live once, in the bundle's safetensors
         "cpp.dynamic_threads": True,  # torch.set_num_threads governs the .so at run time
         # What the .so was compiled for, inside the .so: load() refuses a manifest that says otherwise.
         "aot_inductor.metadata": {METADATA_KEY: contract.fingerprint()},
     }
+    if device == "cpu" and quantized:
+        options |= {"cpp.enable_unsafe_math_opt_flag": True, "cpp.enable_floating_point_contract_flag": "fast"}
     if device == "cpu" and cpu_isa == "avx2":
         options |= {"cpp.simdlen": 256, "cpp.march": "x86-64-v3"}  # portable to any AVX2 x86-64 CPU
     return options

@@ -66,7 +66,7 @@ def _build(config: ExportConfig, staging: Path, log) -> Manifest:
     log(f"exporting the decode step of {type(model).__name__} ({len(layout)} layers, cache {config.max_cache_len})")
     contract = DecodeContract(layout, config.batch_size, config.max_cache_len, config.dtype, config.device)
     exported = export_decode(step, contract)
-    options = inductor_options(config.device, config.cpu_isa, contract)
+    options = inductor_options(config.device, config.cpu_isa, contract, quantized=quantization is not None)
     lowerings = _lowerings(config, weight_shapes(exported), options, log)
     log("compiling with AOTInductor")
     package = compile_decode(lower(exported, lowerings), staging / DECODE, options)
