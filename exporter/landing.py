@@ -34,7 +34,10 @@ def staging_dir(out: Path):
     _remove_stale(out)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    try:
+        staging.mkdir()  # the folder can exist and pass os.access, yet refuse (a read-only mount, EPERM)
+    except OSError as e:
+        raise ExportError(f"cannot write in {out.parent} ({e.strerror}); choose another --out") from None
     try:
         yield staging
     finally:

@@ -27,14 +27,16 @@ def sha256(path: Path) -> str:
 
 def read_manifest(bundle: Path) -> Manifest:
     bundle = Path(bundle)
-    if not bundle.is_dir():
-        raise BundleError(f"bundle directory {str(bundle)!r} does not exist; run `aotpack export MODEL --out {bundle}`")
     path = bundle / MANIFEST
-    if path.is_symlink():
-        raise IntegrityError(f"{path} is a symlink; a bundle's manifest is a plain file inside it")
-    if not path.is_file():
-        raise BundleError(f"{path} is missing: {bundle} is not a complete aotpack bundle; re-export it")
-    try:
+    try:  # an unreadable folder fails in lstat (is_symlink), an unreadable file in read_bytes
+        if not bundle.is_dir():
+            raise BundleError(
+                f"bundle directory {str(bundle)!r} does not exist; run `aotpack export MODEL --out {bundle}`"
+            )
+        if path.is_symlink():
+            raise IntegrityError(f"{path} is a symlink; a bundle's manifest is a plain file inside it")
+        if not path.is_file():
+            raise BundleError(f"{path} is missing: {bundle} is not a complete aotpack bundle; re-export it")
         data = path.read_bytes()
     except OSError as e:
         raise BundleError(f"{path} cannot be read ({e.strerror}); check its permissions") from None

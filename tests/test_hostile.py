@@ -167,6 +167,41 @@ def test_out_under_a_file_is_refused_before_loading(tmp_path, capsys):
     assert "is not a writable directory" in capsys.readouterr().err
 
 
+def test_out_in_a_folder_that_refuses_writes_is_one_line(tmp_path, capsys, monkeypatch):
+    """A read-only folder passes the up-front check as root (os.access says yes), then mkdir failed
+    with a traceback; /sys does this here, a monkeypatched mkdir everywhere."""
+    real_mkdir = Path.mkdir
+
+    def refuse(self, *args, **kwargs):
+        if self.name.startswith(".bundle.partial-"):
+            raise PermissionError(1, "Operation not permitted", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    assert aotpack(["export", BASE, "--out", str(tmp_path / "bundle")]) == 2
+    assert "cannot write in" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", [MANIFEST, None])
+def test_verify_of_an_unreadable_bundle_is_one_line(bundle, tmp_path, capsys, monkeypatch, name):
+    """chmod does not stop root, so the PermissionError is injected where the OS raises it: reading
+    the manifest (an unreadable file), or lstat inside the bundle (an unreadable folder)."""
+    path = bundle(BASE)
+    method = "read_bytes" if name else "is_symlink"
+    real = getattr(Path, method)
+
+    def denied(self, *args, **kwargs):
+        if self.parent == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, method, denied)
+    assert aotpack(["verify", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read (Permission denied); check its permissions" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("option", [["--max-cache-len", "1000000000000"], ["--batch-size", "1000000000"]])
 def test_absurd_sizes_are_refused_before_loading(tmp_path, capsys, option):
     assert aotpack(["export", BASE, "--out", str(tmp_path / "b"), *option]) == 2
