@@ -71,9 +71,8 @@ def int8_words(x, words, scales):
     rows, count = words.shape  # count = K / 4
     if count % 8:  # too few words for whole vectors of them: planes outermost
         return _int8_planes_outer(x, words, scales)
-    x2 = _activations(x)  # (B, K)
-    planes = x2.view(-1, 4, count // 8, 8).transpose(1, 2)  # (B, K/32, 4, 8): x[b, j * K/4 + 8c + i]
-    planes = planes.contiguous()
+    x2 = x.reshape(-1, x.shape[-1]).float()  # (B, K), realized only once it is permuted: one kernel, not two
+    planes = x2.view(-1, 4, count // 8, 8).transpose(1, 2).contiguous()  # (B, K/32, 4, 8): x[b, j*K/4 + 8c + i]
     planes = torch.as_strided(planes, planes.shape, planes.stride())  # realized, as in _activations
     shifts = (24 - 8 * torch.arange(4, dtype=torch.int32, device=x.device))[:, None]  # (4, 1): byte j to the top
     w = words.view(torch.int32).view(rows, 1, count // 8, 1, 8)  # (N, 1, K/32, 1, 8)
