@@ -110,6 +110,19 @@ def test_bench_report_takes_medians_over_rounds():
     assert figures["tokens_equal_eager"] is False  # eager's first round chose other tokens
 
 
+def test_bench_verdicts_use_the_unrounded_figure():
+    """1.197x prints as 1.20x; against a 1.2x target it is not met."""
+    from exporter.bench.report import verdict
+
+    assert verdict("decode_speedup_vs_compile", "bfloat16", 1.197) == "**not met**"
+    assert verdict("decode_speedup_vs_compile", "bfloat16", 1.2) == "met"
+    assert verdict("rss_vs_float32", "int8", 0.35) == "met"
+    assert verdict("rss_vs_float32", "float32", 1.0) == ""  # no RSS target for float32
+    assert verdict("perplexity_change_pct", "int4", 23.4) == "**not met**"
+    assert verdict("tokens_equal_eager", "float32", False) == "**not met**"
+    assert verdict("pct_of_gemv_floor", "float32", 50.0) == ""  # a reference, not a target
+
+
 @pytest.mark.slow
 def test_portable_cpu_isa_bundle(bundle, checkpoint, tmp_path):
     out = tmp_path / "portable"

@@ -77,6 +77,32 @@ TARGETS = (
 )
 
 
+# target key -> (comparison, threshold for a variant or None): the verdict uses the unrounded figure
+BOUNDS = {
+    "pct_of_floor": (">=", lambda v: 70.0),
+    "decode_speedup_vs_eager": (">=", lambda v: 1.5),
+    "decode_speedup_vs_compile": (">=", lambda v: 1.2),
+    "first_request_speedup_vs_compile": (">=", lambda v: 10.0),
+    "first_request_vs_eager": ("<=", lambda v: 1.0),
+    "rss_vs_eager": ("<=", lambda v: 1.1),
+    "build_s": ("<=", lambda v: 180.0),
+    "tokens_equal_eager": ("==", lambda v: True),
+    "decode_vs_llama_cpp": (">=", LLAMA_TARGETS.get),
+    "rss_vs_float32": ("<=", RSS_TARGETS.get),
+    "perplexity_change_pct": ("<=", PERPLEXITY_TARGETS.get),
+}
+
+
+def verdict(key: str, variant: str, value) -> str:
+    """'met', 'not met', or '' for a figure that is not a target for this variant."""
+    compare, bound = BOUNDS.get(key, (None, lambda v: None))
+    threshold = bound(variant)
+    if threshold is None:
+        return ""
+    ok = {">=": value >= threshold, "<=": value <= threshold, "==": value == threshold}[compare]
+    return "met" if ok else "**not met**"
+
+
 def variants(results: dict) -> list[str]:
     return results.get("variants") or results["config"]["dtypes"]
 
@@ -223,11 +249,11 @@ def markdown(results: dict, summary: list[dict], figures: dict) -> str:
             f"{r['decode_ms_per_token']:.1f} ms/tok{spread} | {1e3 / r['decode_ms_per_token']:.1f} | "
             f"{r['peak_rss_mib']:.0f} MiB |"
         )
-    lines += ["", "| variant | target | measured |", "|---|---|---|"]
+    lines += ["", "| variant | target | measured | verdict |", "|---|---|---|---|"]
     for dtype, d in figures.items():
         for label, key, show in TARGETS:
             if key in d:
-                lines.append(f"| {dtype} | {_label(label, dtype)} | {show(d)} |")
+                lines.append(f"| {dtype} | {_label(label, dtype)} | {show(d)} | {verdict(key, dtype, d[key])} |")
     rows, cols = results[f"step_bytes_{variants(results)[0]}"]["largest_weight"]
     gemv = ", ".join(f"{d['gemv_gb_s']:.1f} GB/s in {dtype}" for dtype, d in figures.items() if "gemv_gb_s" in d)
     lines += [
