@@ -39,12 +39,27 @@ _INT8 = torch.ops.aotpack.woq_linear_int8.default
 _INT4 = torch.ops.aotpack.woq_linear_int4.default
 
 
+def _realized(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a buffer of its own. Without the barrier, Inductor inlines the producer (e.g. the RMSNorm's
+    scaling) into the reduction, where it is recomputed for every weight row: the lm_head then read at
+    19 GB/s instead of 30. `as_strided` is lowered by realizing its input."""
+    return torch.as_strided(t, t.shape, t.stride())
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """x (..., K) as fp32 (B, K), not yet realized."""
+    return x.reshape(-1, x.shape[-1]).float()
+
+
 def _activations(x: torch.Tensor) -> torch.Tensor:
-    """x (..., K) as a realized fp32 (B, K) buffer. Without the barrier, Inductor inlines the producer
-    (e.g. the RMSNorm's scaling) into the reduction, where it is recomputed for every weight row: the
-    lm_head then read at 19 GB/s instead of 30. `as_strided` is lowered by realizing its input."""
-    x2 = x.reshape(-1, x.shape[-1]).float()
-    return torch.as_strided(x2, x2.shape, x2.stride())
+    """x (..., K) as a realized fp32 (B, K) buffer."""
+    return _realized(_flat(x))
+
+
+def _byte_planes(words: torch.Tensor) -> torch.Tensor:
+    """int32 words (..., 1, c) -> their 4 bytes as sign-extended fp32 (..., 4, c), byte j in plane j."""
+    shifts = (24 - 8 * torch.arange(4, dtype=torch.int32, device=words.device))[:, None]  # (4, 1): byte j to the top
+    return ((words << shifts) >> 24).float()
 
 
 def _rows_outer(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -71,20 +86,16 @@ def int8_words(x, words, scales):
     rows, count = words.shape  # count = K / 4
     if count % 8:  # too few words for whole vectors of them: planes outermost
         return _int8_planes_outer(x, words, scales)
-    x2 = x.reshape(-1, x.shape[-1]).float()  # (B, K), realized only once it is permuted: one kernel, not two
-    planes = x2.view(-1, 4, count // 8, 8).transpose(1, 2).contiguous()  # (B, K/32, 4, 8): x[b, j*K/4 + 8c + i]
-    planes = torch.as_strided(planes, planes.shape, planes.stride())  # realized, as in _activations
-    shifts = (24 - 8 * torch.arange(4, dtype=torch.int32, device=x.device))[:, None]  # (4, 1): byte j to the top
-    w = words.view(torch.int32).view(rows, 1, count // 8, 1, 8)  # (N, 1, K/32, 1, 8)
-    q = ((w << shifts) >> 24).float()  # (N, 1, K/32, 4, 8), sign-extended
+    # realized only once permuted: one loop, not two. planes[b, c, j, i] = x[b, j*K/4 + 8c + i]
+    planes = _realized(_flat(x).view(-1, 4, count // 8, 8).transpose(1, 2).contiguous())  # (B, K/32, 4, 8)
+    q = _byte_planes(words.view(torch.int32).view(rows, 1, count // 8, 1, 8))  # (N, 1, K/32, 4, 8)
     return _rows_outer((q * planes[None]).sum((-1, -2, -3)) * scales.float()[:, None], x)
 
 
 def _int8_planes_outer(x, words, scales):
     rows, count = words.shape
     x2 = _activations(x).view(1, -1, 4, count)  # (1, B, 4, K/4): x[b, j * K/4 + c]
-    shifts = (24 - 8 * torch.arange(4, dtype=torch.int32, device=x.device))[:, None]  # (4, 1)
-    q = ((words.view(torch.int32)[:, None, None, :] << shifts) >> 24).float()  # (N, 1, 4, K/4)
+    q = _byte_planes(words.view(torch.int32)[:, None, None, :])  # (N, 1, 4, K/4)
     return _rows_outer((q * x2).sum((-1, -2)) * scales.float()[:, None], x)
 
 
@@ -93,9 +104,8 @@ def int8_bytes(x, words, scales):
     to match (stored column 4c + j is column j * K/4 + c). Fast where Inductor's int8 vector loads are
     (AVX-512); on AVX2 they go through a memcpy, and `int8_words` wins."""
     rows, count = words.shape
-    x2 = _activations(x)  # (B, K)
-    permuted = x2.view(-1, 4, count).transpose(1, 2).reshape(-1, 4 * count)  # (B, K) in stored column order
-    permuted = torch.as_strided(permuted, permuted.shape, permuted.stride())  # realized, as in _activations
+    # (B, K) in stored column order, realized once permuted (one loop, as in int8_words)
+    permuted = _realized(_flat(x).view(-1, 4, count).transpose(1, 2).reshape(-1, 4 * count))
     q = words.view(torch.int8).view(rows, 4 * count).float()  # (N, K)
     return _rows_outer((q[:, None, :] * permuted[None]).sum(-1) * scales.float()[:, None], x)
 

@@ -54,15 +54,7 @@ class DecodeCursor:
 @torch.inference_mode()
 def prefill(model: nn.Module, kv, layout, input_ids, attention_mask, position_ids, **model_inputs) -> torch.Tensor:
     """Run the prompt; returns the next-token logits (B, vocab) in fp32 and leaves the prompt in `kv`."""
-    out = model(
-        input_ids=input_ids,  # (B, S)
-        attention_mask=attention_mask,  # (B, S)
-        position_ids=position_ids,  # (B, S)
-        cache=SlotCache(kv, layout),
-        use_cache=True,
-        logits_to_keep=1,
-        **model_inputs,  # e.g. pixel_values, token_type_ids for a VLM
-    )
+    out = _forward(model, kv, layout, input_ids, attention_mask, position_ids, logits_to_keep=1, **model_inputs)
     return out.logits[:, -1].float()  # (B, vocab)
 
 
@@ -70,13 +62,18 @@ def prefill(model: nn.Module, kv, layout, input_ids, attention_mask, position_id
 def prefill_states(model: nn.Module, kv, layout, input_ids, attention_mask, position_ids, **model_inputs) -> None:
     """Run the prompt through the base model (no lm_head), leaving its keys and values in `kv`."""
     base = getattr(model, model.base_model_prefix)
-    base(
+    _forward(base, kv, layout, input_ids, attention_mask, position_ids, **model_inputs)
+
+
+def _forward(module: nn.Module, kv, layout, input_ids, attention_mask, position_ids, **model_inputs):
+    """One HF forward over the prompt, with the shared KV tensors as its cache."""
+    return module(
         input_ids=input_ids,  # (B, S)
         attention_mask=attention_mask,  # (B, S)
         position_ids=position_ids,  # (B, S)
         cache=SlotCache(kv, layout),
         use_cache=True,
-        **model_inputs,  # e.g. pixel_values, token_type_ids for a VLM
+        **model_inputs,  # e.g. pixel_values, token_type_ids for a VLM; logits_to_keep for the full model
     )
 
 

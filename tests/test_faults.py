@@ -329,13 +329,18 @@ def _interrupt_export(out: Path, extra: list[str], sig, scratch: Path) -> int:
     ]
     env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor-cache")}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1], env=env)
-    for line in proc.stderr:
-        if "compiling with AOTInductor" in line:
-            time.sleep(0.5)
-            proc.send_signal(sig)
-            break
-    proc.stderr.read()
-    return proc.wait(timeout=120)
+    try:
+        for line in proc.stderr:
+            if "compiling with AOTInductor" in line:
+                time.sleep(0.5)
+                proc.send_signal(sig)
+                break
+        proc.stderr.read()
+        return proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:  # a failed test must not leave an export running
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.slow
