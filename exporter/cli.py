@@ -70,6 +70,20 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     b.add_argument(
         "--rounds", type=int, default=1, help="fresh-process runs per system; figures are medians over rounds"
     )
+    b.add_argument(
+        "--streams",
+        type=int,
+        help="continuous-batching mode: one bundle with N cache rows, 1 then N concurrent streams, and a long "
+        "prompt admitted while N - 1 decode (writes streams.md instead of bench.md)",
+    )
+    b.add_argument(
+        "--serve",
+        action="store_true",
+        help="with --streams N: aotpack serve against transformers serve (plain, --compile, --continuous-batching), "
+        "N concurrent clients (writes serve.md)",
+    )
+    b.add_argument("--long-prompt", type=int, default=512, help="--streams: tokens of the prompt admitted late")
+    b.add_argument("--prefill-chunk", type=int, default=32, help="--streams: chunk size for the chunked admission")
     return p, handlers | add_commands(sub)
 
 
@@ -117,7 +131,7 @@ def _bench(args) -> int:
 
     config = BenchConfig(
         model=args.model,
-        dtypes=tuple(args.dtypes or ("float32", "bfloat16")),
+        dtypes=tuple(args.dtypes or _default_dtypes(args)),
         quantize=tuple(args.quantize),
         llama_cpp_converter=args.llama_cpp_converter,
         gemv=args.gemv,
@@ -126,10 +140,22 @@ def _bench(args) -> int:
         threads=args.threads,
         out=args.out,
         rounds=args.rounds,
+        streams=args.streams,
+        long_prompt=args.long_prompt,
+        prefill_chunk=args.prefill_chunk,
+        serve=args.serve,
     )
     bench(config, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
-    print((config.out / "bench.md").read_text())
+    report = "serve.md" if args.serve else "streams.md" if args.streams else "bench.md"
+    print((config.out / report).read_text())
     return 0
+
+
+def _default_dtypes(args) -> tuple[str, ...]:
+    """Both float dtypes; with --streams one variant: bfloat16 unless a --quantize names it."""
+    if not args.streams:
+        return ("float32", "bfloat16")
+    return () if args.quantize else ("bfloat16",)
 
 
 if __name__ == "__main__":

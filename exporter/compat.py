@@ -14,6 +14,8 @@ from contextlib import contextmanager
 import torch
 from transformers import CompileConfig, cache_utils, configuration_utils
 
+from runtime.compat import float_environment_kept
+
 # (owner, attribute) of every private or unstable symbol used below; tests/test_compat.py walks this list.
 PRIVATE_SYMBOLS = (
     (cache_utils, "get_layer_types_and_kwargs"),
@@ -62,5 +64,6 @@ def compile_on_cpu(config: CompileConfig) -> CompileConfig:
 def package_metadata_and_constants(package: str) -> tuple[dict, list[str]]:
     """(metadata, constant names) of a freshly compiled package, through Inductor's Python loader (it
     imports torch._inductor, which the exporter has loaded anyway)."""
-    loaded = torch._inductor.aoti_load_package(package)
+    with float_environment_kept():
+        loaded = torch._inductor.aoti_load_package(package)
     return loaded.get_metadata(), loaded.get_constant_fqns()

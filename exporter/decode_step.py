@@ -1,7 +1,7 @@
 """The single-token decode step as an `nn.Module` that `torch.export` can trace.
 
-Owns: the traced computation. Its inputs are runtime.contract's STEP_INPUTS (the new token, its rotary
-position, its absolute cache index, the padding mask over cache indices) and the flat KV cache; the
+Owns: the traced computation. Its inputs are runtime.contract's STEP_INPUTS (per row: the new token, its
+rotary position, its absolute cache index, the padding mask over cache indices) and the flat KV cache; the
 output is the next-token logits. The
 cache tensors are graph *inputs*, so the compiled kernels write the caller's tensors in place and the
 eager prefill and the compiled decode share one cache.
@@ -38,7 +38,9 @@ class TextHead(nn.Module):
 
 
 class DecodeStep(nn.Module):
-    """input_ids (B, 1), position_ids (B, 1), cache_position (1,), pad_mask (B, L) bool, *kv -> logits (B, vocab)."""
+    """input_ids (B, 1), position_ids (B, 1), cache_position (B,), pad_mask (B, L) bool, *kv -> logits (B, vocab).
+
+    Every row is its own sequence at its own cache position: one call advances each by one token."""
 
     def __init__(self, lm: nn.Module, layout, is_text_head: bool, additive_mask_dtype: torch.dtype | None = None):
         super().__init__()

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.compat import float_environment_kept
 from runtime.manifest import Lowering
 from runtime.quant import INT4, INT8, SCALE_DTYPE, WORD_FIELDS
 
@@ -219,7 +220,8 @@ def tune(
         for name, fn in CANDIDATES[shape.op].items():
             torch.compiler.reset()  # each candidate is a fresh compile, not a recompile of the last one
             compiled = torch.compile(fn, dynamic=False, fullgraph=True, options=inductor_options)
-            rates[name] = round(_weight_bytes(args) / _median_seconds(compiled, args) / 1e9, 2)
+            with float_environment_kept():  # its .so is loaded on the first call
+                rates[name] = round(_weight_bytes(args) / _median_seconds(compiled, args) / 1e9, 2)
         chosen = max(rates, key=rates.get)
         log(f"GEMV {shape.op} {shape.rows}x{shape.cols}: " + ", ".join(f"{k} {v} GB/s" for k, v in rates.items()))
         lowerings.append(Lowering(shape.op, shape.rows, shape.cols, str(dtype).removeprefix("torch."), chosen, rates))

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 
 from exporter import compat
 from exporter.decode_step import DecodeStep, TextHead
-from runtime.cache import FULL, SLIDING, LayerLayout
+from runtime.cache import FULL, SLIDING, LayerLayout, additive_mask_dtype
 from runtime.errors import ExportError
 
 
@@ -75,7 +75,7 @@ def decode_module(model: nn.Module, layout) -> DecodeStep:
     """The decode step over the text path only: a VLM's vision tower stays out of the graph."""
     if not isinstance(model, GenerationMixin):
         raise ExportError(f"{type(model).__name__} has no generation KV cache; aotpack exports decoder LMs only")
-    additive = model.dtype if text_config(model)._attn_implementation == "eager" else None
+    additive = additive_mask_dtype(model)
     if is_multimodal(model.config):
         head = TextHead(model.get_decoder(), model.get_output_embeddings())
         return DecodeStep(head, layout, is_text_head=True, additive_mask_dtype=additive)

@@ -60,9 +60,10 @@ def check_parity(model, decode, layout, tokenizer, dtype: str, batch: int, steps
 
 def _teacher_forced(model, decode, layout, ids, mask, tokens, dtype, max_cache_len) -> list[torch.Tensor]:
     kv = allocate(layout, ids.shape[0], getattr(torch, dtype), ids.device)
-    first, cursor = start(model, decode, kv, layout, ids, mask, max_cache_len)
+    first, rows = start(model, decode, kv, layout, ids, mask, max_cache_len)
     logits = [first]  # each (b, vocab)
+    everyone = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
     for step in range(tokens.shape[1] - 1):
-        position, index = cursor.advance()
-        logits.append(decode(tokens[:, step : step + 1].contiguous(), position, index, cursor.pad_mask, kv))
+        rows.advance(everyone)
+        logits.append(decode(tokens[:, step : step + 1].contiguous(), *rows.inputs(ids.shape[0]), kv))
     return logits

@@ -32,7 +32,27 @@ def add_commands(sub) -> dict:
     v = sub.add_parser("verify", help="check a bundle without running it")
     v.add_argument("bundle", type=Path)
     v.add_argument("--key", type=Path, action="append", help="trusted public key (PEM): require a valid signature")
-    return {"run": _run, "inspect": _inspect, "verify": _verify}
+    _add_serve(sub)
+    return {"run": _run, "inspect": _inspect, "verify": _verify, "serve": _serve}
+
+
+def _add_serve(sub) -> None:
+    s = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server over a bundle (pip install 'aotpack[serve]')",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    s.add_argument("bundle", type=Path)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting for cache rows before 429")
+    s.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: $AOTPACK_API_KEY, else none)")
+    s.add_argument("--prefill-chunk", type=int, default=64, help="prefill long prompts in chunks of N tokens; 0: whole")
+    s.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    s.add_argument("--max-body-bytes", type=int, default=16 * 2**20)
+    s.add_argument("--max-image-pixels", type=int, default=16 * 2**20)
+    s.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
+    s.add_argument("--model-name", help="the model id reported by /v1/models (default: the bundle's folder name)")
 
 
 def dispatch(prog: str, args, handlers: dict) -> int:
@@ -71,6 +91,26 @@ def _run(args) -> int:
         seed=args.seed, threads=args.threads,
     )  # fmt: skip
     run(config)
+    return 0
+
+
+def _serve(args) -> int:
+    try:
+        from runtime.serve.server import serve
+    except ImportError as e:
+        raise AotpackError(
+            f"aotpack serve needs its extra ({e.name} is missing): pip install 'aotpack[serve]'"
+        ) from None
+    from runtime.serve.config import ServeConfig
+
+    quiet()
+    config = ServeConfig(
+        bundle=args.bundle, host=args.host, port=args.port, max_queue=args.max_queue,
+        api_key=args.api_key if args.api_key is not None else os.environ.get("AOTPACK_API_KEY"),
+        prefill_chunk=args.prefill_chunk or None, threads=args.threads, max_body_bytes=args.max_body_bytes,
+        max_image_pixels=args.max_image_pixels, shutdown_grace=args.shutdown_grace, model_name=args.model_name,
+    )  # fmt: skip
+    serve(config)
     return 0
 
 

@@ -8,6 +8,8 @@ second, naming the symbol, rather than deep inside a bundle test.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from transformers import GenerationConfig
 from transformers.generation import LogitsProcessorList
@@ -32,11 +34,33 @@ def empty_model(cls, config, dtype: torch.dtype, attn_implementation: str):
         return cls._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
 
 
+@contextmanager
+def float_environment_kept():
+    """Undo what loading a compiled `.so` does to this thread's floating-point state.
+
+    Quantized bundles compile with `-funsafe-math-optimizations`, and GCC before 13 then links
+    crtfastmath.o into the shared library, whose constructor sets FTZ/DAZ (subnormals flushed to
+    zero) in the loading thread at dlopen, and every thread it starts later inherits it: the whole
+    process's arithmetic changed silently (seen as hypothesis refusing to generate floats). The
+    kernels themselves are unaffected; only the caller's state is restored here."""
+    before = _flushes_subnormals()
+    try:
+        yield
+    finally:
+        if _flushes_subnormals() != before:
+            torch.set_flush_denormal(before)
+
+
+def _flushes_subnormals() -> bool:
+    return torch.tensor([1e-40], dtype=torch.float32).mul(1.0).item() == 0.0  # 1e-40 is subnormal in fp32
+
+
 def load_aoti_package(path: str):
     """The C++ AOTInductor package loader. `torch._inductor.aoti_load_package` wraps the same object but
     first imports torch._inductor and torch._dynamo, about 3 s of start-up that loading never needs.
     Positional arguments (checked on torch 2.13): model name, run single-threaded, thread count, device index."""
-    return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+    with float_environment_kept():
+        return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
 
 
 def lend_constants(loader, tensors: dict[str, torch.Tensor]) -> None:

@@ -38,7 +38,7 @@ class StepInput:
 STEP_INPUTS = (
     StepInput("input_ids", "int64", (BATCH, 1)),  # the newest token of each row
     StepInput("position_ids", "int64", (BATCH, 1)),  # its rotary position (left padding shifts it)
-    StepInput("cache_position", "int64", (1,)),  # the absolute cache index it is written to
+    StepInput("cache_position", "int64", (BATCH,)),  # the absolute cache index each row writes it to
     StepInput("pad_mask", "bool", (BATCH, CACHE_LEN)),  # True where an absolute index holds a real token
 )
 INPUT_NAMES = tuple(i.name for i in STEP_INPUTS)
@@ -85,7 +85,7 @@ class DecodeContract:
             torch.zeros(self._shape(s, self.batch_size), dtype=getattr(torch, s.dtype), device=self.device)
             for s in STEP_INPUTS
         ]
-        fixed[INPUT_NAMES.index("cache_position")] += 1
+        fixed[INPUT_NAMES.index("cache_position")] += torch.arange(1, self.batch_size + 1)  # rows stand apart
         fixed[INPUT_NAMES.index("pad_mask")] |= True
         return (*fixed, *allocate(self.layout, self.batch_size, getattr(torch, self.dtype), self.device))
 
@@ -117,9 +117,11 @@ class DecodeContract:
         cache_dtype = getattr(torch, self.dtype)
         for i, (shape, tensor) in enumerate(zip(self.kv_shapes(batch), inputs[len(STEP_INPUTS) :], strict=True)):
             _expect(f"layer {i // 2} {('keys', 'values')[i % 2]}", tensor, shape, cache_dtype, self.device)
-        position = int(inputs[INPUT_NAMES.index("cache_position")])
-        if not 0 <= position < self.max_cache_len:
-            raise InvalidInputError(f"cache_position {position} is outside the cache's 0..{self.max_cache_len - 1}")
+        positions = inputs[INPUT_NAMES.index("cache_position")]
+        low, high = int(positions.min()), int(positions.max())
+        if low < 0 or high >= self.max_cache_len:
+            bad = low if low < 0 else high
+            raise InvalidInputError(f"cache_position {bad} is outside the cache's 0..{self.max_cache_len - 1}")
 
     def check_package(self, metadata: dict) -> None:
         """The `.pt2` was compiled for exactly this signature (its metadata carries the fingerprint)."""

@@ -41,4 +41,12 @@ class ExportError(AotpackError):
 
 
 class RuntimeBusyError(AotpackError, RuntimeError):
-    """A runtime's single KV cache is already in use by an unfinished generation in this thread."""
+    """No cache rows came free for a request within the runtime's busy_timeout."""
+
+
+class EngineClosedError(RuntimeBusyError):
+    """The runtime is shutting down (Engine.close) and admits no new requests."""
+
+
+class QueueFullError(RuntimeBusyError):
+    """Too many requests are already waiting for cache rows (a server's --max-queue)."""

@@ -1,24 +1,22 @@
-"""The generation loop: eager prefill once, then the compiled decode step per token.
+"""What a generate() call asks for, validated before any model work.
 
-Owns: request validation (before any model work), the merged generation options, and `iter_tokens`,
-which yields the chosen token ids step by step. Turning ids into text lives in `runtime.text`.
+Owns: request validation (shapes, ids, masks, images, options), the merged generation config, and the
+transformers logits processors and stopping criteria built for it. Running requests is the engine's
+(runtime.engine, runtime.sequence); turning ids into text is runtime.text's.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig
-from transformers.generation import LogitsProcessorList
+from transformers.generation import LogitsProcessorList, StopStringCriteria
 
 from runtime import compat
 from runtime.errors import CacheOverflowError, ImageInputError, InvalidInputError
-from runtime.options import check_generator, check_options
-from runtime.prefill import start
-from runtime.sampling import next_token
+from runtime.options import check_generator, check_options, check_stop_strings
 
 # Prefill inputs a processor may return besides input_ids / attention_mask.
 MULTIMODAL_INPUTS = ("pixel_values", "token_type_ids")
@@ -40,6 +38,7 @@ GENERATE_KWARGS = (
     "suppress_tokens",
     "eos_token_id",
     "pad_token_id",
+    "stop_strings",  # with the bundle's tokenizer (or `tokenizer=`), through HF's StopStringCriteria
 )
 
 
@@ -55,6 +54,7 @@ class Request:
     pad_id: int
     generator: torch.Generator | None
     processors: LogitsProcessorList  # transformers' own, built for this call's options
+    stopping: StopStringCriteria | None  # transformers' own, when the call has stop_strings
 
 
 def make_request(bundle, input_ids, attention_mask, generator, kwargs: dict) -> Request:
@@ -62,6 +62,8 @@ def make_request(bundle, input_ids, attention_mask, generator, kwargs: dict) -> 
     before any model work, and resolve its options, eos and pad ids exactly as `generate` would."""
     kwargs = dict(kwargs)
     model_inputs = {k: v for k in MULTIMODAL_INPUTS if (v := kwargs.pop(k, None)) is not None}
+    stop_strings = check_stop_strings(kwargs.pop("stop_strings", None))
+    tokenizer = kwargs.pop("tokenizer", None)  # HF's generate takes it for stop_strings; the bundle has its own
     if not bundle.manifest.is_multimodal:
         if "pixel_values" in model_inputs:
             raise ImageInputError(
@@ -78,7 +80,8 @@ def make_request(bundle, input_ids, attention_mask, generator, kwargs: dict) -> 
         processors = compat.logits_processors(bundle.model, config, input_ids.shape[1], input_ids.device)
     except (ValueError, TypeError) as e:
         raise InvalidInputError(f"invalid generation options: {e}") from None
-    return Request(input_ids, attention_mask, model_inputs, config, eos_ids, pad, generator, processors)
+    stopping = StopStringCriteria(tokenizer or bundle.tokenizer, stop_strings) if stop_strings else None
+    return Request(input_ids, attention_mask, model_inputs, config, eos_ids, pad, generator, processors, stopping)
 
 
 def _special_tokens(bundle, config: GenerationConfig, device) -> tuple[tuple[int, ...], int]:
@@ -208,30 +211,6 @@ def _check_options(config: GenerationConfig, seq: int, max_cache_len: int) -> No
         raise InvalidInputError(
             f"num_beams={config.num_beams}: aotpack decodes greedily or by sampling, set num_beams=1"
         )
-
-
-def iter_steps(bundle, request: Request, kv) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield (token ids (B,), raw logits (B, vocab)) per step; finished rows get the pad id, as in HF generate."""
-    ids, mask = request.input_ids, request.attention_mask
-    batch, seq = ids.shape
-    new_tokens = request.config.max_new_tokens
-    processors = request.processors
-    scores, cursor = start(
-        bundle.model, bundle.decode, kv, bundle.layout, ids, mask, bundle.manifest.max_cache_len, **request.model_inputs
-    )
-    history = ids  # (B, S)
-    unfinished = torch.ones(batch, dtype=torch.bool, device=ids.device)
-    eos = torch.tensor(request.eos_ids, dtype=torch.long, device=ids.device)
-    for step in range(new_tokens):
-        token = next_token(processors(history, scores.clone()), request.config.do_sample, request.generator)  # (B,)
-        token = torch.where(unfinished, token, torch.full_like(token, request.pad_id))
-        yield token, scores
-        unfinished &= ~torch.isin(token, eos)
-        if step + 1 == new_tokens or not unfinished.any():
-            return
-        history = torch.cat([history, token[:, None]], dim=-1)  # (B, S + step + 1)
-        position, cache_index = cursor.advance()
-        scores = bundle.decode(token[:, None], position, cache_index, cursor.pad_mask, kv).float()  # (B, vocab)
 
 
 def check_images(model_config, input_ids: torch.Tensor, model_inputs: dict) -> None:

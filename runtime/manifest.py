@@ -14,11 +14,13 @@ from dataclasses import asdict, dataclass, fields
 from runtime.cache import FULL, SLIDING, LayerLayout
 from runtime.errors import ManifestError
 
-AOTPACK_VERSION = "0.2.0"
+AOTPACK_VERSION = "0.3.0"
 # 2: weights stored under module paths (with aliases for tied tensors), quantization, the decode step's
-# GEMV lowerings and the accuracy report; bundles of format 1 must be re-exported.
-FORMAT_VERSION = 2
-SUPPORTED_VERSIONS = frozenset({2})
+# GEMV lowerings and the accuracy report.
+# 3: the decode step takes one cache position per row (continuous batching), where format 2 took one
+# for the whole batch; the .so of an older bundle cannot serve independent rows, so it is re-exported.
+FORMAT_VERSION = 3
+SUPPORTED_VERSIONS = frozenset({3})
 
 MANIFEST = "manifest.json"
 DECODE = "decode.pt2"

@@ -81,3 +81,13 @@ def check_generator(generator, device: str) -> None:
         raise InvalidInputError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if generator.device.type != device:
         raise InvalidInputError(f"generator is on {generator.device}, the bundle samples on {device}")
+
+
+def check_stop_strings(value) -> tuple[str, ...]:
+    """A string or a list of non-empty strings, as HF's StopStringCriteria takes."""
+    if value is None:
+        return ()
+    strings = [value] if isinstance(value, str) else value
+    if not isinstance(strings, (list, tuple)) or not strings or not all(isinstance(s, str) and s for s in strings):
+        raise InvalidInputError(f"stop_strings must be a non-empty string or a list of them, got {value!r:.60}")
+    return tuple(strings)

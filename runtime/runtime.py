@@ -1,16 +1,14 @@
 """`load()` and `Runtime`: a bundle ready to generate, with no JIT compile and no network.
 
 Owns: assembling a verified bundle into one eager model (for prefill), the compiled decode that
-borrows that model's weight tensors, and one preallocated KV cache that both write.
+borrows that model's weight tensors, and the engine whose preallocated KV cache both write.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
 
@@ -18,22 +16,33 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig
 
 from runtime.bundle import decode_path, open_bundle, verify_files, weight_files
-from runtime.cache import allocate
 from runtime.decode import CompiledDecode
-from runtime.errors import InvalidInputError, RuntimeBusyError
-from runtime.generate import Request, iter_steps, make_request
+from runtime.engine import Engine
+from runtime.errors import InvalidInputError
+from runtime.generate import Request, make_request
+from runtime.handle import Handle
 from runtime.manifest import DECODE, Manifest
 from runtime.text import stream_text
 from runtime.weights import build_model
 
 
-def load(path, num_threads: int | None = None, busy_timeout: float = 300.0, trusted_keys=None) -> Runtime:
+def load(
+    path, num_threads: int | None = None, busy_timeout: float = 300.0, trusted_keys=None, prefill_chunk=None
+) -> Runtime:
     """Verify and load a bundle directory. `num_threads` sets torch's (and the compiled decode's) threads;
-    a generation waits at most `busy_timeout` seconds for the runtime's KV cache (see Runtime). With
-    `trusted_keys` (public-key PEM files) only a bundle signed by one of them loads (runtime.signing)."""
+    a generation waits at most `busy_timeout` seconds for free cache rows (runtime.engine). With
+    `trusted_keys` (public-key PEM files) only a bundle signed by one of them loads (runtime.signing).
+    `prefill_chunk`: prefill text prompts longer than this a chunk per decode step, so that a long
+    prompt delays the other requests' next tokens by one chunk at a time (None: whole prompts)."""
     if num_threads is not None:
         torch.set_num_threads(check_threads(num_threads))  # the .so has dynamic threads: this governs it too
-    return Runtime(path, busy_timeout, trusted_keys)
+    return Runtime(path, busy_timeout, trusted_keys, check_chunk(prefill_chunk))
+
+
+def check_chunk(chunk):
+    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+        raise InvalidInputError(f"prefill_chunk must be a positive number of tokens or None, got {chunk!r}")
+    return chunk
 
 
 def check_threads(n) -> int:
@@ -46,19 +55,17 @@ def check_threads(n) -> int:
 
 
 class Runtime:
-    """A loaded bundle. One KV cache: calls from several threads are serialised by a lock."""
+    """A loaded bundle. Its engine (runtime.engine) owns the KV cache's rows and runs every request,
+    from any thread, batched with the others."""
 
-    def __init__(self, path, busy_timeout: float = 300.0, trusted_keys=None):
+    def __init__(self, path, busy_timeout: float = 300.0, trusted_keys=None, prefill_chunk: int | None = None):
         self.path, self.manifest = open_bundle(Path(path), defer_weights=True, trusted_keys=trusted_keys)
         m: Manifest = self.manifest
         self.model = self._build_model()  # the weights are verified before this returns
         self.layout = m.cache_layout
         self.decode = CompiledDecode(decode_path(self.path), self.model, m, sha256=m.files[DECODE])
-        self.kv = allocate(self.layout, m.batch_size, getattr(torch, m.dtype), m.device)
         self.generation_config = GenerationConfig.from_pretrained(self.path, local_files_only=True)
-        self.busy_timeout = busy_timeout  # seconds a generation waits for the cache before RuntimeBusyError
-        self._lock = threading.Lock()
-        self._owner: int | None = None  # thread id holding the cache
+        self.engine = Engine(self, busy_timeout, prefill_chunk)  # runs every request, batched
 
     def _build_model(self):
         """Build the eager model while a second thread hashes its weight files (hashlib releases the
@@ -88,50 +95,35 @@ class Runtime:
 
         return AutoProcessor.from_pretrained(self.path, local_files_only=True)
 
+    @property
+    def kv(self) -> list[torch.Tensor]:
+        """The engine's KV cache, [k0, v0, k1, v1, ...], each (batch_size, kv_heads, slots, head_dim)."""
+        return self.engine.kv
+
     def request(self, input_ids, attention_mask=None, generator=None, **kwargs) -> Request:
         return make_request(self, input_ids, attention_mask, generator, kwargs)
 
-    @torch.inference_mode()  # on a generator, torch enters and leaves the mode around each step
-    def iter_steps(self, input_ids, attention_mask=None, generator=None, **kwargs):
-        """Yield (next-token ids (B,), raw logits (B, vocab)) per step. Holds the runtime's cache until exhausted."""
+    def submit(
+        self, input_ids, attention_mask=None, generator=None, want_logits=False, max_waiting=None, **kwargs
+    ) -> Handle:
+        """Validate a request and queue it on the engine; returns at once. Iterate the handle for
+        (token ids (B,), logits (B, vocab) or None) per step, or `cancel()` it. Any thread may submit:
+        requests share the compiled step (continuous batching) and each keeps its own options. With
+        `max_waiting`, QueueFullError when that many requests already wait for cache rows."""
         request = self.request(input_ids, attention_mask, generator, **kwargs)
-        with self._session():
-            kv = [t[: input_ids.shape[0]] for t in self.kv]  # the first B rows: still contiguous
-            for t in kv:  # nothing an earlier request left (a NaN is poison even where masked) may reach this one
-                t.zero_()
-            yield from iter_steps(self, request, kv)
+        return self.engine.submit(request, want_logits, max_waiting)
 
-    @contextmanager
-    def _session(self):
-        """The runtime owns one KV cache: other threads wait their turn; the same thread re-entering
-        (a second generation while the first is unfinished) would deadlock, so it is refused."""
-        if self._owner == threading.get_ident():
-            raise RuntimeBusyError(
-                "this runtime is already generating in this thread; exhaust or close() the first generator, "
-                "or load() a second runtime for concurrent sessions"
-            )
-        if not self._lock.acquire(timeout=self.busy_timeout):
-            raise RuntimeBusyError(
-                f"this runtime's KV cache has been held by another generation for {self.busy_timeout:g} s (an "
-                "unfinished generator? exhaust or close() it); load() a second runtime for concurrent sessions"
-            )
-        self._owner = threading.get_ident()
-        try:
-            yield
-        finally:
-            self._owner = None
-            self._lock.release()
+    def iter_steps(self, input_ids, attention_mask=None, generator=None, **kwargs):
+        """Yield (next-token ids (B,), raw logits (B, vocab)) per step."""
+        yield from self.submit(input_ids, attention_mask, generator, want_logits=True, **kwargs)
 
     def iter_tokens(self, input_ids, attention_mask=None, generator=None, **kwargs) -> Iterator[torch.Tensor]:
         """Yield next-token ids (B,) as they are produced."""
-        for token, _ in self.iter_steps(input_ids, attention_mask, generator, **kwargs):
-            yield token
+        yield from self.submit(input_ids, attention_mask, generator, **kwargs).tokens()
 
-    @torch.inference_mode()
     def generate(self, input_ids, attention_mask=None, generator=None, **kwargs) -> torch.Tensor:
         """Like `model.generate`: returns (B, S + new) ids, prompt first."""
-        new = list(self.iter_tokens(input_ids, attention_mask, generator, **kwargs))
-        return torch.cat([input_ids, torch.stack(new, dim=1)], dim=1)
+        return self.submit(input_ids, attention_mask, generator, **kwargs).result()
 
     def stream(self, input_ids, attention_mask=None, generator=None, **kwargs) -> Iterator[str]:
         """Yield decoded text pieces of a single sequence as they are produced."""

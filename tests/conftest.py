@@ -20,7 +20,7 @@ from exporter.cli import main as aotpack  # noqa: E402
 from exporter.presets import build_preset  # noqa: E402
 
 MAX_CACHE_LEN = 160
-BATCH = 2
+BATCH = 4
 
 
 def pytest_collection_modifyitems(config, items):

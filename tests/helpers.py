@@ -58,3 +58,62 @@ def chat(rt_or_tok, conversations: list[list[dict]]) -> dict:
             padding=True,
         )
     )
+
+
+class EagerDecode:
+    """The exporter's decode step run eagerly, called through the runtime's DecodeContract checks: a
+    stand-in for the `.so` where a test is about what the runtime does around the step."""
+
+    def __init__(self, model, layout, batch: int, max_cache_len: int):
+        from exporter.model import decode_module
+        from runtime.contract import DecodeContract
+
+        self.step = decode_module(model, layout)
+        self.contract = DecodeContract(layout, batch, max_cache_len, "float32", "cpu")
+
+    def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv):
+        inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
+        self.contract.check(inputs)
+        return self.step(*inputs)
+
+
+def staggered(submit, requests):
+    """Submit (inputs, options, seed) requests one after another, each once the previous one has
+    produced two tokens, so every request joins a batch that is already decoding (and requests beyond
+    the bundle's rows wait their turn). `submit(inputs, generator, **options)` -> a Handle with logits.
+    Returns [(tokens (b, n), logits (b, n, vocab))] in request order."""
+    streams, heads = [], []
+    for inputs, options, seed in requests:
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        stream = iter(submit(inputs, generator, **options))
+        heads.append([next(stream), next(stream)])
+        streams.append(stream)
+    results = []
+    for stream, head in zip(streams, heads, strict=True):
+        steps = head + list(stream)
+        results.append((torch.stack([t for t, _ in steps], 1), torch.stack([s for _, s in steps], 1)))
+    return results
+
+
+def lone_generate(model, inputs: dict, seed=None, **options):
+    """HF eager generate of one request alone: (new tokens (b, n), raw logits (b, n, vocab))."""
+    if seed is not None:
+        torch.manual_seed(seed)  # HF samples from the global generator; aotpack from its own, seeded alike
+    with torch.inference_mode():
+        out = model.generate(**inputs, **options, output_logits=True, return_dict_in_generate=True)
+    return out.sequences[:, inputs["input_ids"].shape[1] :], torch.stack(out.logits, dim=1).float()
+
+
+def assert_each_matches_lone_generate(model, plan, results) -> None:
+    """Every request's tokens equal HF's for it alone; greedy ones' logits within LOGIT_ATOL."""
+    for (inputs, options, seed), (tokens, logits) in zip(plan, results, strict=True):
+        ref_tokens, ref_logits = lone_generate(model, inputs, seed, **options)
+        where = f"{tuple(inputs['input_ids'].shape)} prompt, {options}"
+        assert torch.equal(tokens, ref_tokens), where
+        if seed is None:
+            diff = (logits - ref_logits).abs().max().item()
+            assert diff < LOGIT_ATOL, f"{where}: max |logit diff| {diff:.3g}"
+
+
+GREEDY = {"max_new_tokens": 24, "min_new_tokens": 24, "do_sample": False}
+SAMPLED = {"max_new_tokens": 20, "min_new_tokens": 20, "do_sample": True, "temperature": 0.9, "top_k": 30}

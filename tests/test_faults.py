@@ -23,7 +23,6 @@ from runtime import (
     IntegrityError,
     InvalidInputError,
     ManifestError,
-    RuntimeBusyError,
     load,
 )
 from runtime.bundle import open_bundle
@@ -89,7 +88,14 @@ def test_truncated_pt2(copy):
 
 def test_unknown_format_version_names_both(copy):
     _rewrite(copy, format_version=99)
-    with pytest.raises(ManifestError, match=r"format_version 99 .* reads \[2\]"):
+    with pytest.raises(ManifestError, match=r"format_version 99 .* reads \[3\]"):
+        load(copy)
+
+
+def test_a_format_2_bundle_is_refused_with_re_export(copy):
+    """Format 2's decode step took one cache position for the whole batch: it cannot serve independent rows."""
+    _rewrite(copy, format_version=2)
+    with pytest.raises(ManifestError, match=r"format_version 2 .* reads \[3\]; re-export"):
         load(copy)
 
 
@@ -175,7 +181,7 @@ IDS = torch.tensor([[5, 6, 7, 8]])
         (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), InvalidInputError, "the prompt is empty"),
         (dict(input_ids=torch.tensor([[5, 99999]])), InvalidInputError, "token id 99999 is outside the vocabulary"),
         (dict(input_ids=torch.tensor([[-1, 5]])), InvalidInputError, "token id -1 is outside the vocabulary"),
-        (dict(input_ids=IDS.repeat(3, 1)), InvalidInputError, "batch size 3 is larger than this bundle's 2"),
+        (dict(input_ids=IDS.repeat(5, 1)), InvalidInputError, "batch size 5 is larger than this bundle's 4"),
         (
             dict(input_ids=IDS, max_new_tokens=157),
             CacheOverflowError,
@@ -300,13 +306,14 @@ def test_one_runtime_shared_by_threads_is_serialised(rt):
     assert all(torch.equal(r, expected[i]) for i in range(2) for r in results[i])
 
 
-def test_second_generation_in_the_same_thread_is_refused(rt):
+def test_a_second_generation_in_the_same_thread_runs_beside_the_first(rt):
+    """It used to be refused (one cache, one lock); now both are requests of the same engine."""
+    expected = rt.generate(input_ids=IDS, max_new_tokens=8)
     first = rt.iter_tokens(input_ids=IDS, max_new_tokens=8)
-    next(first)
-    with pytest.raises(RuntimeBusyError, match="already generating in this thread"):
-        next(rt.iter_tokens(input_ids=IDS, max_new_tokens=8))
-    first.close()  # releases the cache
-    assert rt.generate(input_ids=IDS, max_new_tokens=2).shape == (1, 6)
+    head = next(first)
+    second = rt.generate(input_ids=IDS, max_new_tokens=8)
+    assert torch.equal(second, expected)
+    assert torch.equal(torch.cat([IDS, torch.stack([head, *first], 1)], 1), expected)
 
 
 # ---- atomic export ---------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 The bundle is a stand-in: a tiny random Llama as the eager model, and its decode step run eagerly
 (the exporter's own DecodeStep, called through the runtime's DecodeContract checks) in place of the
-`.so`. Everything runtime.generate does around the step (validation, eos and padding, length budgets,
-logits processors, the sampling generator) is then compared with HF `generate` on the same model.
+`.so`. Everything the runtime does around the step (validation, eos and padding, length budgets,
+logits processors, the sampling generator, the engine's rows) is then compared with HF `generate` on
+the same model.
 """
 
 from __future__ import annotations
@@ -12,31 +13,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import EagerDecode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from exporter.model import cache_layout, decode_module
-from runtime.cache import allocate
-from runtime.contract import DecodeContract
+from exporter.model import cache_layout
+from runtime.engine import Engine
 from runtime.errors import AotpackError, CacheOverflowError, InvalidInputError
-from runtime.generate import GENERATE_KWARGS, iter_steps, make_request
+from runtime.generate import GENERATE_KWARGS, make_request
 from runtime.options import FLOATS
 
-VOCAB, CACHE = 96, 64
-
-
-class EagerDecode:
-    """The decode step as the runtime calls it, without compiling it."""
-
-    def __init__(self, model, layout, batch: int):
-        self.step = decode_module(model, layout)
-        self.contract = DecodeContract(layout, batch, CACHE, "float32", "cpu")
-
-    def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv):
-        inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
-        self.contract.check(inputs)
-        return self.step(*inputs)
+VOCAB, CACHE, ROWS = 96, 64, 4
 
 
 @pytest.fixture(scope="module")
@@ -51,20 +39,24 @@ def bundle():
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0, do_sample=False)
     layout = cache_layout(model, CACHE)
     manifest = SimpleNamespace(
-        max_cache_len=CACHE, batch_size=2, vocab_size=VOCAB, device="cpu", is_multimodal=False, model_class="Llama"
+        max_cache_len=CACHE,
+        batch_size=ROWS,
+        vocab_size=VOCAB,
+        device="cpu",
+        is_multimodal=False,
+        model_class="Llama",
+        dtype="float32",
     )
-    return SimpleNamespace(
-        model=model, manifest=manifest, layout=layout, decode=EagerDecode(model, layout, 2),
+    bundle = SimpleNamespace(
+        model=model, manifest=manifest, layout=layout, decode=EagerDecode(model, layout, ROWS, CACHE),
         generation_config=model.generation_config,
     )  # fmt: skip
+    bundle.engine = Engine(bundle)
+    return bundle
 
 
 def _generate(bundle, input_ids, attention_mask=None, generator=None, **kwargs) -> torch.Tensor:
-    request = make_request(bundle, input_ids, attention_mask, generator, kwargs)
-    kv = allocate(bundle.layout, input_ids.shape[0], torch.float32, "cpu")
-    with torch.inference_mode():
-        tokens = [token for token, _ in iter_steps(bundle, request, kv)]
-    return torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)
+    return bundle.engine.submit(make_request(bundle, input_ids, attention_mask, generator, kwargs)).result()
 
 
 def _hf(bundle, input_ids, attention_mask=None, **kwargs) -> torch.Tensor:
@@ -131,11 +123,11 @@ def test_requests_are_checked_before_any_model_work(bundle):
 
 def test_the_step_is_called_through_the_contract(bundle):
     """A cache of the wrong layout is refused by the contract before the step runs."""
-    request = make_request(bundle, PROMPT, None, None, {"max_new_tokens": 3})
-    kv = allocate(bundle.layout, 1, torch.float32, "cpu")
-    kv[1] = kv[1][:, :, :-1].contiguous()
-    with pytest.raises(InvalidInputError, match="layer 0 values has shape"), torch.inference_mode():
-        list(iter_steps(bundle, request, kv))
+    engine = Engine(bundle)
+    engine.kv[1] = engine.kv[1][:, :, :-1].contiguous()
+    handle = engine.submit(make_request(bundle, PROMPT, None, None, {"max_new_tokens": 3}))
+    with pytest.raises(InvalidInputError, match="layer 0 values has shape"):
+        handle.result()
 
 
 @pytest.mark.parametrize(
@@ -154,7 +146,7 @@ _values = (
     | st.floats(allow_nan=True, allow_infinity=True) | st.floats(0, 2) | st.text(max_size=4)
     | st.lists(st.integers(-5, 130), max_size=3) | st.lists(st.lists(st.integers(-5, 130), max_size=2), max_size=2)
 )  # fmt: skip
-_names = st.sampled_from(sorted(set(GENERATE_KWARGS) - {"max_length"}))
+_names = st.sampled_from(sorted(set(GENERATE_KWARGS) - {"max_length", "stop_strings"}))  # stop: test_engine
 
 
 @given(st.dictionaries(_names, _values, max_size=3), st.sampled_from([None, 42, "cpu", "generator"]))

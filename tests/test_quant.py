@@ -3,6 +3,9 @@ quantized model, one copy of every quantized tensor, and the build-time GEMV cho
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from helpers import assert_parity, chat
@@ -89,6 +92,22 @@ def test_quantized_bundle_matches_its_eager_model(name, runtime):
     assert all(isinstance(rt.model.get_submodule(path), QuantizedLinear) for path in q.linears)
     inputs = chat(rt, CONVERSATION)
     assert_parity(rt, rt.model, inputs, new_tokens=40)
+
+
+@pytest.mark.slow
+def test_loading_a_quantized_bundle_leaves_subnormals_alone(bundle):
+    """Its .so is built with unsafe-math flags, and GCC 12 links crtfastmath.o into it: loading it set
+    flush-to-zero in the loading thread (and every thread started after), for the whole process."""
+    path = bundle(*next((name, *options) for name, options in QUANTIZED.items()))
+    probe = "torch.tensor([1e-40]).mul(1.0).item()"
+    script = (
+        f"import torch, threading; from runtime import load; rt = load({str(path)!r}); seen = []; "
+        f"t = threading.Thread(target=lambda: seen.append({probe})); t.start(); t.join(); print({probe}, seen[0])"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    here, there = map(float, done.stdout.split())
+    assert here > 0 and there > 0  # 1e-40 survives: subnormals are not flushed
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import assert_parity, chat
+from helpers import GREEDY, SAMPLED, assert_each_matches_lone_generate, assert_parity, chat, staggered
 from PIL import Image
 
 from runtime import ImageInputError
@@ -74,6 +74,16 @@ def test_vlm_batch_with_images_left_padded(runtime, reference):
     inputs = chat(rt, [CASES["one_image"], CASES["second_turn"]])
     assert (inputs["attention_mask"] == 0).any()
     assert_parity(rt, reference(VLM), inputs, NEW_TOKENS, logit_steps=8)
+
+
+def test_concurrent_image_requests_each_match_a_lone_generate(runtime, reference):
+    """Continuous batching with images: each request's eager prefill (vision tower included) writes only
+    its own rows while the others decode; one request samples with its own seed."""
+    rt = runtime(VLM)
+    plan = [(chat(rt, [CASES[c]]), GREEDY, None) for c in ("one_image", "text_only", "two_images")]
+    plan.append((chat(rt, [CASES["second_turn"]]), SAMPLED, 11))
+    submit = lambda inputs, generator, **options: rt.submit(**inputs, generator=generator, want_logits=True, **options)  # noqa: E731
+    assert_each_matches_lone_generate(reference(VLM), plan, staggered(submit, plan))
 
 
 def test_decode_holds_no_vision_weights_and_shares_the_rest(runtime):

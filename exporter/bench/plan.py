@@ -56,6 +56,10 @@ class BenchConfig:
     out: Path = Path("artifacts/bench")
     systems: tuple[str, ...] = SYSTEMS
     rounds: int = 1
+    streams: int | None = None  # continuous-batching mode (exporter.bench.concurrency): N concurrent streams
+    long_prompt: int = 512  # ...and the prompt admitted while N - 1 of them decode
+    prefill_chunk: int = 32  # ...prefilled whole, then in chunks of this many tokens
+    serve: bool = False  # `aotpack serve` against `transformers serve` (exporter.bench.serving), N = streams
 
     def __post_init__(self):
         if self.prompt_len < 1 or self.new_tokens <= 4:
@@ -64,6 +68,13 @@ class BenchConfig:
             )
         if self.rounds < 1:
             raise BenchError(f"--rounds must be >= 1, got {self.rounds}")
+        if self.serve and self.streams is None:
+            raise BenchError("--serve needs --streams N: the number of concurrent clients")
+        if self.streams is not None and (self.streams < 2 or len(self.variants) != 1):
+            raise BenchError(
+                f"--streams needs N >= 2 and exactly one variant (one --dtype or --quantize), got "
+                f"{self.streams} and {list(self.variants)}"
+            )
         if unknown := set(self.systems) - set(SYSTEMS):
             raise BenchError(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
         if unknown := set(self.quantize) - set(METHODS):
@@ -90,7 +101,7 @@ def _prompt(vocab: int, length: int) -> list[int]:
     return torch.randint(10, vocab, (length,), generator=g).tolist()
 
 
-def _run(cmd: list[str], env: dict | None = None) -> str:
+def run(cmd: list[str], env: dict | None = None) -> str:
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise BenchError(f"{' '.join(cmd[:4])} … failed:\n{done.stderr[-3000:]}")
@@ -102,10 +113,13 @@ def variant_dtype(variant: str) -> str:
     return "float32" if variant in METHODS else variant
 
 
-def _export(checkpoint: Path, bundle: Path, variant: str, max_cache_len: int, gemv: str) -> float:
+def export_variant(
+    checkpoint: Path, bundle: Path, variant: str, max_cache_len: int, gemv: str, batch: int = 1
+) -> float:
+    """Build the variant's bundle with `aotpack export`; returns the build time in seconds."""
     start = time.perf_counter()
     quantize = ["--quantize", variant] if variant in METHODS else []
-    _run(
+    run(
         [
             sys.executable,
             "-m",
@@ -121,6 +135,8 @@ def _export(checkpoint: Path, bundle: Path, variant: str, max_cache_len: int, ge
             gemv,
             "--max-cache-len",
             str(max_cache_len),
+            "--batch-size",
+            str(batch),
             "--force",
         ]
     )
@@ -152,7 +168,7 @@ def _measure(system: str, path: Path, variant: str, prompt: list[int], config: B
         "--spawned-at",
         repr(time.time()),
     ]
-    return json.loads(_run(cmd, env).strip().splitlines()[-1])
+    return json.loads(run(cmd, env).strip().splitlines()[-1])
 
 
 # the vector ISAs that decide which kernels Inductor and llama.cpp can use on this CPU
@@ -174,6 +190,14 @@ def machine() -> dict:
 
 
 def bench(config: BenchConfig, log=print) -> dict:
+    if config.serve:
+        from exporter.bench.serving import bench_serve
+
+        return bench_serve(config, log)
+    if config.streams is not None:
+        from exporter.bench.concurrency import bench_streams
+
+        return bench_streams(config, log)
     results = {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
         "variants": list(config.variants),
@@ -198,7 +222,7 @@ def bench(config: BenchConfig, log=print) -> dict:
 def _bench_variant(config: BenchConfig, variant: str, checkpoint: Path, prompt, tmp: Path, results: dict, log) -> None:
     bundle = tmp / f"bundle-{variant}"
     log(f"[{variant}] exporting the bundle")
-    results["builds"][variant] = _export(
+    results["builds"][variant] = export_variant(
         checkpoint, bundle, variant, config.prompt_len + config.new_tokens, config.gemv
     )
     manifest = read_manifest(bundle)

@@ -96,11 +96,16 @@ BOUNDS = {
 def verdict(key: str, variant: str, value) -> str:
     """'met', 'not met', or '' for a figure that is not a target for this variant."""
     compare, bound = BOUNDS.get(key, (None, lambda v: None))
-    threshold = bound(variant)
+    return verdict_of(value, (compare, bound(variant)))
+
+
+def verdict_of(value, bound: tuple) -> str:
+    """'met' or 'not met' against (comparison, threshold); '' where the threshold is None."""
+    compare, threshold = bound
     if threshold is None:
         return ""
-    ok = {">=": value >= threshold, "<=": value <= threshold, "==": value == threshold}[compare]
-    return "met" if ok else "**not met**"
+    ok = {">=": value >= threshold, "<=": value <= threshold, "<": value < threshold, "==": value == threshold}
+    return "met" if ok[compare] else "**not met**"
 
 
 def variants(results: dict) -> list[str]:

@@ -1,0 +1,121 @@
+"""`aotpack bench --streams N`: the continuous-batching benchmark and its report.
+
+Owns: building a bundle with N cache rows, running exporter.bench.streams on it in a fresh process,
+and streams.json / streams.md with a verdict per target of the continuous-batching issue:
+- aggregate tokens/s with N streams >= 5x one stream's;
+- p50 inter-token latency with N streams <= 1.6x one stream's;
+- p99 inter-token latency of N - 1 streams while a long prompt is admitted in chunks < 3x their p50
+  (the same admission with the prompt prefilled whole is reported beside it).
+This is a benchmark, not a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from exporter.bench.plan import BenchConfig, export_variant, machine, run
+from exporter.bench.report import verdict_of
+from exporter.source import checkpoint_dir
+
+# (label, figure, bound): figures come from `figures()`
+TARGETS = (
+    ("aggregate tokens/s at N streams ≥ 5× one stream's", "throughput_gain", (">=", 5.0)),
+    ("p50 inter-token latency at N streams ≤ 1.6× one stream's", "itl_growth", ("<=", 1.6)),
+    ("p99 ITL while a long prompt is admitted in chunks < 3× p50", "chunked_p99_over_p50", ("<", 3.0)),
+    ("(not a target) the same, prompt prefilled whole", "whole_p99_over_p50", (None, None)),
+)
+
+
+def bench_streams(config: BenchConfig, log=print) -> dict:
+    variant = config.variants[0]
+    cache = max(config.long_prompt + 8, config.prompt_len + 4 * config.new_tokens + 8)
+    with tempfile.TemporaryDirectory(prefix="aotpack-streams-") as tmp, checkpoint_dir(config.model) as checkpoint:
+        bundle = Path(tmp) / "bundle"
+        log(f"[{variant}] exporting a bundle with {config.streams} cache rows, max_cache_len {cache}")
+        build_s = export_variant(checkpoint, bundle, variant, cache, config.gemv, batch=config.streams)
+        log(f"[{variant}] 1 stream, {config.streams} streams, then a {config.long_prompt}-token prompt admitted")
+        measured = json.loads(run([sys.executable, "-m", "exporter.bench.streams", *_worker_args(config, bundle)]))
+    results = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+        "machine": machine(),
+        "build_s": build_s,
+        "variant": variant,
+        "measured": measured,
+    }
+    write_streams_report(results, config.out)
+    return results
+
+
+def _worker_args(config: BenchConfig, bundle: Path) -> list[str]:
+    options = {
+        "--path": bundle,
+        "--streams": config.streams,
+        "--prompt-len": config.prompt_len,
+        "--new-tokens": config.new_tokens,
+        "--long-prompt": config.long_prompt,
+        "--chunk": config.prefill_chunk,
+        "--threads": config.threads,
+    }
+    return [str(x) for pair in options.items() for x in pair]
+
+
+def figures(measured: dict) -> dict:
+    one, many = measured["one"], measured["many"]
+    whole, chunked = measured["admission"]
+    return {
+        "throughput_gain": many["tokens_per_s"] / one["tokens_per_s"],
+        "itl_growth": many["itl_p50_ms"] / one["itl_p50_ms"],
+        "chunked_p99_over_p50": chunked["p99_over_p50"],
+        "whole_p99_over_p50": whole["p99_over_p50"],
+    }
+
+
+def markdown(results: dict) -> str:
+    m, f = results["measured"], figures(results["measured"])
+    one, many = m["one"], m["many"]
+    cfg, machine_ = results["config"], results["machine"]
+    lines = [
+        f"# aotpack continuous batching: {cfg['model']}, {results['variant']}",
+        "",
+        f"{machine_['cpu']} ({', '.join(machine_['isa'])}), {cfg['threads']} threads, torch {machine_['torch']}; "
+        f"bundle with {m['rows']} cache rows built in {results['build_s']:.0f} s; prompts of {cfg['prompt_len']} "
+        f"tokens, {cfg['new_tokens']} new tokens each. Token times are the engine's own.",
+        "",
+        "| streams | aggregate tokens/s | ITL p50 (ms) | ITL p99 (ms) |",
+        "|---|---|---|---|",
+        *(
+            f"| {r['streams']} | {r['tokens_per_s']:.1f} | {r['itl_p50_ms']:.1f} | {r['itl_p99_ms']:.1f} |"
+            for r in (one, many)
+        ),
+        "",
+        f"{m['rows'] - 1} streams decoding while a {m['admission'][0]['long_prompt_tokens']}-token prompt arrives:",
+        "",
+        "| prefill | ITL p50 before (ms) | ITL p99 during (ms) | longest stall (ms) | p99 / p50 "
+        "| its first token (s) |",
+        "|---|---|---|---|---|---|",
+        *(_admission_row(a) for a in m["admission"]),
+        "",
+        "| target | measured | verdict |",
+        "|---|---|---|",
+        *(f"| {label} | {f[key]:.2f}× | {verdict_of(f[key], bound)} |" for label, key, bound in TARGETS),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _admission_row(a: dict) -> str:
+    how = "whole" if a["prefill_chunk"] is None else f"chunks of {a['prefill_chunk']}"
+    return (
+        f"| {how} | {a['itl_p50_before_ms']:.1f} | {a['itl_p99_during_ms']:.1f} | {a['stall_max_ms']:.1f} | "
+        f"{a['p99_over_p50']:.2f} | {a['long_prompt_first_token_s']:.2f} |"
+    )
+
+
+def write_streams_report(results: dict, out: Path) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "streams.json").write_text(json.dumps(results | {"figures": figures(results["measured"])}, indent=2))
+    (out / "streams.md").write_text(markdown(results))

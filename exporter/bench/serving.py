@@ -1,0 +1,186 @@
+"""`aotpack bench --serve`: `aotpack serve` side by side with `transformers serve`, over HTTP.
+
+Owns: starting each server as a process of its own on a free 127.0.0.1 port, timing the first token of
+the first request from the moment the process was spawned (cold start: imports, loading, and for
+`--compile` whatever compiling the first request triggers), then N concurrent streaming clients (the
+official `openai` client) and their aggregate tokens/s, and serve.md / serve.json with a verdict per
+target of the serving issue. Every server gets the same chat requests, greedy, the same token budget.
+This is a benchmark, not a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from exporter.bench.plan import BenchConfig, export_variant, machine
+from exporter.bench.report import verdict_of
+from exporter.source import checkpoint_dir
+
+# name -> transformers serve flags
+HF_SERVERS = {
+    "transformers serve": [],
+    "transformers serve --compile": ["--compile"],
+    "transformers serve --continuous-batching": ["--continuous-batching"],
+}
+TARGETS = (
+    ("cold start ≥ 10× shorter than transformers serve --compile", "cold_vs_compile", (">=", 10.0)),
+    ("cold start ≤ transformers serve's (no compile)", "cold_vs_plain", ("<=", 1.0)),
+    ("aggregate tokens/s, N clients ≥ 1.5× transformers serve --continuous-batching", "tps_vs_cb", (">=", 1.5)),
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _command(name: str, path: Path, port: int, config: BenchConfig, dtype: str) -> list[str]:
+    if name == "aotpack serve":
+        return [
+            sys.executable,
+            "-m",
+            "runtime",
+            "serve",
+            str(path),
+            "--port",
+            str(port),
+            "--threads",
+            str(config.threads),
+        ]
+    flags = ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", dtype]
+    script = Path(sys.executable).parent / "transformers"  # transformers' console script, beside this python
+    return [str(script), "serve", str(path), *flags, *HF_SERVERS[name]]
+
+
+def _ask(url: str, model: str, prompt: str, new_tokens: int) -> tuple[float, float, int, str]:
+    """One streaming chat request: (time.time() of its first token, seconds to it, tokens, text)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=1800)
+    start, first, pieces = time.time(), None, []
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=new_tokens, temperature=0,
+        stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
+    tokens = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or time.time()
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
+    first = first or time.time()
+    return first, first - start, tokens, "".join(pieces)
+
+
+def _first_answer(url: str, model: str, prompt: str, new_tokens: int, spawned: float, proc) -> float:
+    """Seconds from spawn to the first token of the first request, retrying until the port accepts."""
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
+        try:
+            return _ask(url, model, prompt, new_tokens)[0] - spawned
+        except Exception as e:  # noqa: BLE001 (connection refused until the server listens)
+            if "Connection" not in type(e).__name__ and "connect" not in str(e).lower():
+                raise
+            time.sleep(0.2)
+
+
+def measure_server(name: str, path: Path, config: BenchConfig, dtype: str, model: str) -> dict:
+    port, prompts = _free_port(), [f"Tell me a story about the number {i}." for i in range(config.streams)]
+    spawned = time.time()
+    proc = subprocess.Popen(
+        _command(name, path, port, config, dtype), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=os.environ | {"OMP_NUM_THREADS": str(config.threads)},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        cold = _first_answer(url, model, prompts[0], config.new_tokens, spawned, proc)
+        _ask(url, model, prompts[0], 8)  # warm
+        start = time.time()
+        with ThreadPoolExecutor(config.streams) as pool:
+            answers = list(pool.map(lambda p: _ask(url, model, p, config.new_tokens), prompts))
+        wall = time.time() - start
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    tokens = sum(a[2] for a in answers)
+    return {
+        "server": name,
+        "cold_start_first_token_s": cold,
+        "clients": config.streams,
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "ttft_p50_s": sorted(a[1] for a in answers)[len(answers) // 2],
+        "texts": [a[3] for a in answers],
+    }
+
+
+def bench_serve(config: BenchConfig, log=print) -> dict:
+    variant = config.variants[0]
+    results = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}}
+    results |= {"machine": machine(), "variant": variant, "servers": []}
+    with tempfile.TemporaryDirectory(prefix="aotpack-serve-") as tmp, checkpoint_dir(config.model) as checkpoint:
+        bundle = Path(tmp) / "bundle"
+        log(f"[{variant}] exporting a bundle with {config.streams} cache rows")
+        results["build_s"] = export_variant(checkpoint, bundle, variant, 512, config.gemv, batch=config.streams)
+        for name in ["aotpack serve", *HF_SERVERS]:
+            log(f"[{variant}] {name}: cold start, then {config.streams} concurrent streaming clients")
+            path = bundle if name == "aotpack serve" else checkpoint
+            results["servers"].append(measure_server(name, path, config, variant, model=Path(path).name))
+    write_serve_report(results, config.out)
+    return results
+
+
+def figures(results: dict) -> dict:
+    by = {s["server"]: s for s in results["servers"]}
+    ours = by["aotpack serve"]
+    return {
+        "cold_vs_compile": by["transformers serve --compile"]["cold_start_first_token_s"]
+        / ours["cold_start_first_token_s"],
+        "cold_vs_plain": ours["cold_start_first_token_s"] / by["transformers serve"]["cold_start_first_token_s"],
+        "tps_vs_cb": ours["tokens_per_s"] / by["transformers serve --continuous-batching"]["tokens_per_s"],
+        "same_text_as_plain": ours["texts"] == by["transformers serve"]["texts"],
+    }
+
+
+def markdown(results: dict) -> str:
+    f, cfg = figures(results), results["config"]
+    rows = [
+        f"| {s['server']} | {s['cold_start_first_token_s']:.1f} | {s['tokens_per_s']:.1f} | {s['ttft_p50_s']:.2f} |"
+        for s in results["servers"]
+    ]
+    lines = [
+        f"# aotpack serve vs transformers serve: {cfg['model']}, {results['variant']}",
+        "",
+        f"{results['machine']['cpu']}, {cfg['threads']} threads; {cfg['streams']} concurrent streaming clients "
+        f"(openai), greedy, {cfg['new_tokens']} tokens each; the bundle was built in {results['build_s']:.0f} s "
+        "(not counted in cold start). Greedy replies identical to transformers serve's: "
+        f"{f['same_text_as_plain']}.",
+        "",
+        "| server | cold start to first token (s) | aggregate tokens/s | TTFT p50 under load (s) |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+        "| target | measured | verdict |",
+        "|---|---|---|",
+        *(f"| {label} | {f[key]:.2f}× | {verdict_of(f[key], bound)} |" for label, key, bound in TARGETS),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_serve_report(results: dict, out: Path) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve.json").write_text(json.dumps(results | {"figures": figures(results)}, indent=2))
+    (out / "serve.md").write_text(markdown(results))

@@ -1,0 +1,116 @@
+"""`aotpack bench --streams N`: continuous batching on one bundle, in a fresh process.
+
+Owns: the concurrency measurement. One loaded bundle serves 1 stream, then N streams at once, then
+N - 1 streams while a long prompt is admitted, whole and in chunks. Token times are the engine's own
+(runtime.handle: when each step's tokens were produced), so the caller's threads add nothing.
+
+- aggregate tokens/s: tokens produced while all N streams decode, over that time;
+- inter-token latency (ITL): gaps between a stream's tokens (the first few of each stream skipped);
+- head-of-line stall: the running streams' gaps while the long prompt is prefilled, until its first
+  token; its p99 against the p50 of the same streams before it arrived.
+This is a benchmark, not a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+SKIP = 3  # first gaps of each stream left out of ITL figures (admission of the others)
+
+
+def _prompts(vocab: int, count: int, length: int) -> list:
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(10, min(vocab, 32000), (1, length), generator=g) for _ in range(count)]
+
+
+def _gaps(times: list[float], start: float = float("-inf"), end: float = float("inf")) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:], strict=False) if start <= b <= end]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def concurrent(rt, prompts, new_tokens: int) -> dict:
+    """All prompts submitted at once; figures over the time every stream was decoding."""
+    handles = [rt.submit(p, max_new_tokens=new_tokens) for p in prompts]
+    for h in handles:
+        h.result()
+    start, end = max(h.times[SKIP] for h in handles), min(h.times[-1] for h in handles)
+    produced = sum(len([t for t in h.times if start < t <= end]) for h in handles)
+    gaps = [g for h in handles for g in _gaps(h.times[SKIP:])]
+    return {
+        "streams": len(prompts),
+        "tokens_per_s": produced / (end - start),
+        "itl_p50_ms": statistics.median(gaps) * 1e3,
+        "itl_p99_ms": _percentile(gaps, 0.99) * 1e3,
+    }
+
+
+def admission(rt, prompts, long_prompt, new_tokens: int, chunk: int | None) -> dict:
+    """`prompts` decode; once each has produced 2 * SKIP tokens, `long_prompt` is submitted."""
+    rt.engine.prefill_chunk = chunk
+    handles = [rt.submit(p, max_new_tokens=new_tokens) for p in prompts]
+    while min(len(h.times) for h in handles) < 2 * SKIP:
+        time.sleep(0.001)
+    arrived = time.monotonic()
+    late = rt.submit(long_prompt, max_new_tokens=4)
+    late.result()
+    first = late.times[0]
+    for h in handles:
+        h.cancel()
+    before = [g for h in handles for g in _gaps(h.times[SKIP:], end=arrived)]
+    during = [g for h in handles for g in _gaps(h.times, start=arrived, end=first)]
+    p50 = statistics.median(before)
+    return {
+        "prefill_chunk": chunk,
+        "itl_p50_before_ms": p50 * 1e3,
+        "itl_p99_during_ms": _percentile(during, 0.99) * 1e3 if during else None,
+        "stall_max_ms": max(during) * 1e3 if during else None,
+        "p99_over_p50": _percentile(during, 0.99) / p50 if during else None,
+        "long_prompt_tokens": long_prompt.shape[1],
+        "long_prompt_first_token_s": first - arrived,
+    }
+
+
+def measure(args) -> dict:
+    from runtime import load
+
+    rt = load(args.path, num_threads=args.threads)
+    prompts = _prompts(rt.manifest.vocab_size, args.streams, args.prompt_len)
+    rt.generate(prompts[0], max_new_tokens=4)  # first-call costs out of the way
+    long_prompt = _prompts(rt.manifest.vocab_size, 1, args.long_prompt)[0]
+    return {
+        "bundle": rt.manifest.model_class,
+        "dtype": rt.manifest.dtype,
+        "quantization": rt.manifest.quantization.method if rt.manifest.quantization else None,
+        "rows": rt.manifest.batch_size,
+        "one": concurrent(rt, prompts[:1], args.new_tokens),
+        "many": concurrent(rt, prompts, args.new_tokens),
+        "admission": [
+            admission(rt, prompts[:-1], long_prompt, 4 * args.new_tokens, chunk) for chunk in (None, args.chunk)
+        ],
+    }
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--path", required=True, help="bundle directory")
+    p.add_argument("--streams", type=int, required=True)
+    p.add_argument("--prompt-len", type=int, required=True)
+    p.add_argument("--new-tokens", type=int, required=True)
+    p.add_argument("--long-prompt", type=int, required=True)
+    p.add_argument("--chunk", type=int, required=True)
+    p.add_argument("--threads", type=int, required=True)
+    print(json.dumps(measure(p.parse_args(argv))), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

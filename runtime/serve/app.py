@@ -1,0 +1,222 @@
+"""The HTTP layer: OpenAI-compatible routes over one Runtime, on FastAPI.
+
+Owns: routes, authentication, body limits, the OpenAI error shape and status codes, and streaming as
+server-sent events. Model work runs in worker threads (preparing inputs) and in the engine's thread
+(generation); the event loop only moves text. A client that disconnects mid-stream cancels its request
+(the stream's `finally`), which frees its cache rows at the engine's next step.
+
+Status codes: 400 invalid request (aotpack's message), 401 wrong or missing key, 413 body too large,
+429 queue full (with Retry-After), 503 shutting down or no free rows in time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+
+from runtime.errors import EngineClosedError, InvalidInputError, QueueFullError, RuntimeBusyError
+from runtime.serve.completion import TextStream, generate_options
+from runtime.serve.config import ServeConfig
+from runtime.serve.messages import chat_inputs, prompt_inputs
+from runtime.serve.metrics import Metrics
+from runtime.serve.schema import ChatRequest, CompletionRequest
+
+OPEN_PATHS = ("/health", "/ready", "/metrics")  # no key needed: probes and scrapers
+
+
+class ServeError(Exception):
+    def __init__(self, status: int, message: str, kind: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
+
+
+def error_response(status: int, message: str, kind: str, headers=None) -> JSONResponse:
+    """OpenAI's error shape."""
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def create_app(rt, config: ServeConfig) -> FastAPI:
+    app = FastAPI(title="aotpack", docs_url=None, redoc_url=None)
+    app.state.rt, app.state.config, app.state.ready = rt, config, True
+    app.state.metrics = Metrics(rt.engine, rt.manifest.batch_size)
+    _install_guards(app, config)
+    _install_errors(app)
+    _install_probes(app)
+    _install_generation(app)
+    return app
+
+
+def _install_guards(app: FastAPI, config: ServeConfig) -> None:
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if config.api_key and request.url.path not in OPEN_PATHS and not _authorized(request, config.api_key):
+            return _counted(app, request, error_response(401, "invalid or missing API key", "authentication_error"))
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
+            message = f"request body over this server's limit of {config.max_body_bytes} bytes"
+            return _counted(app, request, error_response(413, message, "invalid_request_error"))
+        return _counted(app, request, await call_next(request))
+
+
+def _authorized(request: Request, key: str) -> bool:
+    given = request.headers.get("authorization", "")
+    return given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), key.encode())
+
+
+def _counted(app: FastAPI, request: Request, response: Response) -> Response:
+    if request.url.path.startswith("/v1/"):
+        app.state.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+    return response
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:])
+        return error_response(
+            400, f"{where}: {first.get('msg', 'invalid request')}".strip(": "), "invalid_request_error"
+        )
+
+    @app.exception_handler(ServeError)
+    async def served(_, exc: ServeError):
+        return error_response(exc.status, exc.message, exc.kind, exc.headers)
+
+
+def _install_probes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        if not app.state.ready:
+            return error_response(503, "shutting down", "unavailable")
+        return {"status": "ready", "slots": app.state.rt.manifest.batch_size}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(app.state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": app.state.config.name, "object": "model", "created": 0, "owned_by": "aotpack"}
+        return {"object": "list", "data": [card]}
+
+
+def _install_generation(app: FastAPI) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest):
+        config = app.state.config
+        return await _respond(app, body, lambda rt: chat_inputs(rt, body.messages, config.max_image_pixels), "chat")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        return await _respond(app, body, lambda rt: prompt_inputs(rt, body.prompt), "text")
+
+
+async def _respond(app: FastAPI, body, build_inputs, kind: str):
+    rt = app.state.rt
+    inputs, handle, options = await run_in_threadpool(_submit, app, body, build_inputs)
+    prompt_tokens = inputs["input_ids"].shape[1]
+    eos = handle.request.eos_ids
+    text = TextStream(rt.tokenizer, handle, body.stop, eos, options["max_new_tokens"])
+    reply = Reply(kind, app.state.config.name, prompt_tokens)
+    if body.stream:
+        return StreamingResponse(_events(app, handle, text, reply, body), media_type="text/event-stream")
+    try:
+        content = "".join(await run_in_threadpool(list, text))
+    except RuntimeBusyError as e:
+        raise ServeError(503, str(e), "unavailable", {"Retry-After": "1"}) from None
+    finally:
+        handle.cancel()
+        app.state.metrics.finished(handle, prompt_tokens)
+    return reply.whole(content, text)
+
+
+def _submit(app: FastAPI, body, build_inputs):
+    """Inputs, validation and queueing, in a worker thread: aotpack's errors become HTTP errors."""
+    rt, config = app.state.rt, app.state.config
+    try:
+        inputs = build_inputs(rt)
+        options = generate_options(body, rt, inputs["input_ids"].shape[1])
+        handle = rt.submit(**inputs, max_waiting=config.max_queue, **options)
+    except QueueFullError as e:
+        raise ServeError(429, str(e), "rate_limit_error", {"Retry-After": "1"}) from None
+    except EngineClosedError as e:
+        raise ServeError(503, str(e), "unavailable") from None
+    except InvalidInputError as e:
+        raise ServeError(400, str(e), "invalid_request_error") from None
+    return inputs, handle, options
+
+
+async def _events(app: FastAPI, handle, text: TextStream, reply: Reply, body):
+    """Server-sent events; the `finally` runs on completion and on a client's disconnect alike."""
+    try:
+        yield reply.event(reply.chunk(""))  # the role first, as OpenAI does
+        async for piece in iterate_in_threadpool(iter(text)):
+            yield reply.event(reply.chunk(piece))
+        yield reply.event(reply.chunk(None, text.finish_reason))
+        if body.include_usage:
+            yield reply.event(reply.usage_chunk(text))
+        yield "data: [DONE]\n\n"
+    except RuntimeBusyError as e:  # no free rows in time: the stream has started, so say it in-band
+        yield reply.event({"error": {"message": str(e), "type": "unavailable", "param": None, "code": None}})
+    finally:
+        handle.cancel()
+        app.state.metrics.finished(handle, reply.prompt_tokens)
+
+
+class Reply:
+    """OpenAI response bodies of one request ("chat" or "text" completion)."""
+
+    def __init__(self, kind: str, model: str, prompt_tokens: int):
+        self.kind, self.model, self.prompt_tokens = kind, model, prompt_tokens
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _body(self, obj: str, choice: dict) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
+
+    def usage(self, text: TextStream) -> dict:
+        done = text.completion_tokens
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": done,
+            "total_tokens": self.prompt_tokens + done,
+        }
+
+    def whole(self, content: str, text: TextStream) -> dict:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None}
+            body = self._body("chat.completion", choice | {"finish_reason": text.finish_reason})
+        else:
+            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": text.finish_reason}
+            body = self._body("text_completion", choice)
+        return body | {"usage": self.usage(text)}
+
+    def chunk(self, piece: str | None, finish: str | None = None) -> dict:
+        if self.kind == "chat":
+            delta = (
+                {} if piece is None else ({"role": "assistant", "content": ""} if piece == "" else {"content": piece})
+            )
+            return self._body("chat.completion.chunk", {"index": 0, "delta": delta, "finish_reason": finish})
+        return self._body(
+            "text_completion", {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish}
+        )
+
+    def usage_chunk(self, text: TextStream) -> dict:
+        body = self._body("chat.completion.chunk" if self.kind == "chat" else "text_completion", {})
+        return body | {"choices": [], "usage": self.usage(text)}
+
+    @staticmethod
+    def event(payload: dict) -> str:
+        return f"data: {json.dumps(payload)}\n\n"

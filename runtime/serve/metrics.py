@@ -1,0 +1,46 @@
+"""Prometheus metrics of one server, in a registry of its own (two apps in one process stay apart).
+
+Owns: requests by endpoint and status, prompt and generated tokens, queue depth and cache rows in use
+(read from the engine when scraped), and histograms of time to first token and inter-token latency
+(from the engine's own token times, runtime.handle).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self, engine, rows: int):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "aotpack_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
+        )
+        self.prompt_tokens = Counter("aotpack_prompt_tokens", "prompt tokens of admitted requests", registry=r)
+        self.generated_tokens = Counter("aotpack_generated_tokens", "tokens generated", registry=r)
+        queue = Gauge("aotpack_queue_depth", "requests waiting for cache rows", registry=r)
+        queue.set_function(lambda: engine.load[1])
+        in_use = Gauge("aotpack_slots_in_use", "cache rows held by requests", registry=r)
+        in_use.set_function(lambda: engine.rows_in_use)
+        Gauge("aotpack_slots", "cache rows of the bundle", registry=r).set(rows)
+        self.ttft = Histogram(
+            "aotpack_time_to_first_token_seconds", "submit to first token", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "aotpack_inter_token_latency_seconds", "gap between a request's tokens", buckets=LATENCY_BUCKETS, registry=r
+        )
+
+    def finished(self, handle, prompt_tokens: int) -> None:
+        """Record a request's tokens and latencies once it has ended."""
+        times = handle.times
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generated_tokens.inc(len(times))
+        if times:
+            self.ttft.observe(times[0] - handle.submitted)
+        for a, b in zip(times, times[1:], strict=False):
+            self.itl.observe(b - a)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

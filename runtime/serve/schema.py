@@ -1,0 +1,90 @@
+"""The OpenAI request bodies aotpack serves, as pydantic models (FastAPI validates them).
+
+Owns: which fields are accepted and their ranges. Unknown fields are ignored, as OpenAI-compatible
+servers do, except those that would change the answer and are not implemented (`n` > 1, tools,
+logprobs), which are refused rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class ImageURL(BaseModel):
+    url: str
+
+
+class ContentPart(BaseModel):
+    type: Literal["text", "image_url"]
+    text: str | None = None
+    image_url: ImageURL | None = None
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[ContentPart]
+
+
+class Sampling(BaseModel):
+    """Fields shared by both endpoints."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    stream: bool = False
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
+    n: int = Field(default=1, ge=1, le=1)  # one choice per request
+    stream_options: dict | None = None
+    logprobs: bool | None = None
+    tools: list | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        stops = [value] if isinstance(value, str) else value
+        if stops is not None and (len(stops) > 4 or not all(stops)):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return stops
+
+    @field_validator("logprobs", "tools")
+    @classmethod
+    def _unsupported(cls, value, info):
+        if value:  # they would change the answer: refused rather than silently ignored
+            raise ValueError(f"{info.field_name} is not supported by aotpack serve")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError("prompt takes one string (a list of exactly one)")
+        text = value[0] if isinstance(value, list) else value
+        if not text:
+            raise ValueError("prompt is empty")
+        return text
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_tokens

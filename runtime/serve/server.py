@@ -1,0 +1,63 @@
+"""Running the app: load the bundle, bind, one start-up line, serve until SIGTERM or Ctrl-C.
+
+Owns: the process around the app. The socket is bound before uvicorn starts so that the start-up line
+names the real address (port 0 picks a free one). On SIGTERM or SIGINT the server stops admitting at
+once (readiness goes 503, new requests are refused), uvicorn stops accepting connections and gives the
+requests in flight `shutdown_grace` seconds to finish, and the engine cancels whatever is left.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import uvicorn
+
+from runtime.serve.app import create_app
+from runtime.serve.config import ServeConfig
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config, app):
+        super().__init__(config)
+        self.app = app
+
+    def handle_exit(self, sig, frame) -> None:
+        self.app.state.ready = False
+        self.app.state.rt.engine.stop_admitting()
+        super().handle_exit(sig, frame)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)  # connections queue from now on, even before uvicorn accepts them
+    return sock
+
+
+def serve(config: ServeConfig, out=sys.stdout) -> None:
+    from runtime.runtime import load
+
+    start = time.perf_counter()
+    rt = load(config.bundle, num_threads=config.threads, prefill_chunk=config.prefill_chunk)
+    rt.tokenizer  # noqa: B018 (loaded now: the first request should not pay for it)
+    sock = bind(config.host, config.port)
+    app = create_app(rt, config)
+    host, port = sock.getsockname()[:2]
+    m = rt.manifest
+    print(
+        f"aotpack serve: {config.bundle} ({m.model_class}, {m.dtype}, {m.batch_size} slots) on http://{host}:{port}, "
+        f"loaded in {time.perf_counter() - start:.1f} s",
+        file=out,
+        flush=True,
+    )
+    settings = uvicorn.Config(
+        app, log_level="warning", access_log=False, timeout_graceful_shutdown=config.shutdown_grace
+    )
+    try:
+        _Server(settings, app).run(sockets=[sock])
+    finally:
+        rt.engine.close()

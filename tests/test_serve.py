@@ -1,0 +1,347 @@
+"""`aotpack serve`, driven over HTTP on 127.0.0.1 with the official `openai` client.
+
+Servers run in threads of this process over the session's shared runtimes (one compiled bundle each);
+the SIGTERM test starts `python -m runtime serve` as a process of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from urllib.parse import urlparse
+
+import pytest
+import torch
+from helpers import chat
+from openai import APIStatusError, OpenAI
+
+from runtime.serve.config import ServeConfig
+from runtime.serve.server import _Server, bind
+
+pytestmark = pytest.mark.slow
+TEXT, VLM = "tiny-llama", "tiny-gemma3-vlm"
+QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
+
+
+@pytest.fixture(scope="module")
+def serving(runtime, bundle):
+    """serving(name, **config) -> (base URL, app), one server per distinct config, stopped at the end."""
+    import uvicorn
+
+    from runtime.serve.app import create_app
+
+    servers, started = {}, []
+
+    def start(name: str, **options):
+        key = (name, tuple(sorted(options.items())))
+        if key not in servers:
+            rt = runtime(name)
+            config = ServeConfig(bundle=bundle(name), port=0, **options)
+            sock = bind("127.0.0.1", 0)
+            app = create_app(rt, config)
+            server = _Server(uvicorn.Config(app, log_level="warning"), app)
+            thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+            thread.start()
+            while not server.started:
+                time.sleep(0.01)
+            started.append((server, thread))
+            servers[key] = (f"http://127.0.0.1:{sock.getsockname()[1]}", app)
+        return servers[key]
+
+    yield start
+    for server, thread in started:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def fetch(method: str, url: str, body: dict | None = None):
+    """(status, headers, text) of one plain HTTP request, error statuses included."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, reply.headers, reply.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read().decode()
+
+
+@contextmanager
+def event_stream(url: str, body: dict):
+    """A streaming POST; yields an iterator over its non-empty lines. Leaving closes the connection."""
+    where = urlparse(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    reply = conn.getresponse()
+    assert reply.status == 200
+    try:
+        yield (line.decode().strip() for line in reply if line.strip())
+    finally:
+        conn.close()
+
+
+def client(url: str, key: str = "unused") -> OpenAI:
+    return OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def _expected_text(rt, inputs: dict, **options) -> str:
+    ids = rt.generate(**inputs, **options)
+    return rt.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def test_chat_equals_generate_with_and_without_streaming(serving, runtime):
+    url, _ = serving(TEXT)
+    rt = runtime(TEXT)
+    expected = _expected_text(rt, chat(rt.tokenizer, [QUESTION]), max_new_tokens=20, do_sample=False)
+    whole = client(url).chat.completions.create(model="m", messages=QUESTION, max_tokens=20, temperature=0)
+    assert whole.choices[0].message.content == expected
+    assert whole.usage.completion_tokens == 20 and whole.choices[0].finish_reason == "length"
+    stream = client(url).chat.completions.create(
+        model="m", messages=QUESTION, max_tokens=20, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected
+    assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_completions_and_models(serving, runtime):
+    url, app = serving(TEXT)
+    rt = runtime(TEXT)
+    expected = _expected_text(rt, dict(rt.tokenizer("once upon a time", return_tensors="pt")), max_new_tokens=10)
+    reply = client(url).completions.create(model="m", prompt="once upon a time", max_tokens=10, temperature=0)
+    assert reply.choices[0].text == expected
+    assert [m.id for m in client(url).models.list().data] == [app.state.config.name]
+
+
+def test_stop_cuts_where_the_stop_string_begins(serving):
+    url, _ = serving(TEXT)
+    ask = lambda **kw: client(url).chat.completions.create(model="m", messages=QUESTION, temperature=0, **kw)  # noqa: E731
+    free = ask(max_tokens=30).choices[0].message.content
+    stop = free[8:11]
+    assert stop.strip() and free.index(stop) >= 0
+    cut = ask(max_tokens=30, stop=[stop])
+    assert cut.choices[0].message.content == free[: free.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible_and_equals_generate(serving, runtime):
+    url, _ = serving(TEXT)
+    rt = runtime(TEXT)
+
+    def ask(seed):
+        options = {"max_tokens": 16, "temperature": 0.9, "top_p": 0.95, "seed": seed}
+        return client(url).chat.completions.create(model="m", messages=QUESTION, **options).choices[0].message.content
+
+    first, again, other = ask(5), ask(5), ask(6)
+    assert first == again and first != other
+    generator = torch.Generator().manual_seed(5)
+    inputs = chat(rt.tokenizer, [QUESTION])
+    expected = _expected_text(
+        rt, inputs, max_new_tokens=16, do_sample=True, temperature=0.9, top_p=0.95, generator=generator
+    )
+    assert first == expected
+
+
+def _data_url(image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_an_image_message_to_the_vlm(serving, runtime):
+    from PIL import Image
+
+    url, _ = serving(VLM)
+    rt = runtime(VLM)
+    image = Image.new("RGB", (40, 30), (200, 30, 60))
+    content = [{"type": "image_url", "image_url": {"url": _data_url(image)}}, {"type": "text", "text": "What is it?"}]
+    reply = client(url).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": content}], max_tokens=12, temperature=0
+    )
+    local = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "What is it?"}]}]
+    assert reply.choices[0].message.content == _expected_text(rt, chat(rt, [local]), max_new_tokens=12, do_sample=False)
+    assert reply.usage.prompt_tokens > 4  # the image's soft tokens are in the prompt
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"max_tokens": 10_000}, "max_cache_len"),
+        ({"temperature": 7}, "temperature"),
+        ({"n": 3}, "n"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
+                ]
+            },
+            "text-only",
+        ),
+    ],
+)
+def test_invalid_requests_get_400_with_aotpacks_message(serving, body, message):
+    url, _ = serving(TEXT)
+    with pytest.raises(APIStatusError) as e:
+        client(url).chat.completions.create(**({"model": "m", "messages": QUESTION} | body))
+    assert e.value.status_code == 400 and message in e.value.message
+
+
+def test_images_over_the_pixel_limit_and_bad_data_are_refused(serving):
+    from PIL import Image
+
+    url, _ = serving(VLM, max_image_pixels=100 * 100)
+    for image_url, message in (
+        (_data_url(Image.new("RGB", (200, 200))), "exceeds this server's limit"),
+        ("data:image/png;base64,not-base64!", "invalid base64"),
+        ("data:image/png;base64," + base64.b64encode(b"not an image").decode(), "not a readable image"),
+    ):
+        content = [{"type": "image_url", "image_url": {"url": image_url}}, {"type": "text", "text": "hi"}]
+        with pytest.raises(APIStatusError) as e:
+            client(url).chat.completions.create(model="m", messages=[{"role": "user", "content": content}])
+        assert e.value.status_code == 400 and message in e.value.message
+
+
+def test_body_over_the_limit_gets_413(serving):
+    url, _ = serving(TEXT, max_body_bytes=1000)
+    status, _, text = fetch(
+        "POST", f"{url}/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 2000}]}
+    )
+    assert status == 413 and "limit" in json.loads(text)["error"]["message"]
+
+
+def test_a_wrong_or_missing_key_gets_401(serving):
+    url, _ = serving(TEXT, api_key="sesame")
+    for key in ("wrong", ""):
+        with pytest.raises(APIStatusError) as e:
+            client(url, key or "x").chat.completions.create(model="m", messages=QUESTION, max_tokens=2)
+        assert e.value.status_code == 401
+    assert client(url, "sesame").chat.completions.create(model="m", messages=QUESTION, max_tokens=2).choices
+    assert fetch("GET", f"{url}/health")[0] == 200  # probes need no key
+
+
+@pytest.fixture
+def slow_steps(runtime, monkeypatch):
+    """Each compiled step of the shared text runtime takes 20 ms more, so requests stay in flight."""
+    rt = runtime(TEXT)
+    real = rt.decode
+
+    def slow(*args, **kwargs):
+        time.sleep(0.02)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rt, "decode", slow)
+    yield rt
+    monkeypatch.setattr(rt, "decode", real)
+    _wait(lambda: rt.engine.load == (0, 0))
+
+
+def _wait(condition, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_full_queue_gets_429_with_retry_after(serving, slow_steps):
+    rt = slow_steps
+    url, _ = serving(TEXT, max_queue=1)
+    ids = torch.tensor([[5, 6, 7]])
+    hog = rt.submit(ids.repeat(rt.manifest.batch_size, 1), max_new_tokens=100)  # every row
+    waiting = rt.submit(ids, max_new_tokens=2)
+    _wait(lambda: rt.engine.load == (1, 1))
+    status, headers, text = fetch("POST", f"{url}/v1/chat/completions", {"messages": QUESTION, "max_tokens": 2})
+    assert status == 429 and headers["retry-after"] == "1"
+    assert "already waiting" in json.loads(text)["error"]["message"]
+    hog.cancel()
+    waiting.result()
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_rows(serving, slow_steps):
+    rt = slow_steps
+    url, _ = serving(TEXT)
+    body = {"messages": QUESTION, "max_tokens": 120, "stream": True}
+    with event_stream(url, body) as lines:
+        assert next(lines).startswith("data: ")
+        _wait(lambda: rt.engine.rows_in_use == 1)
+    # the connection is closed here, long before 120 tokens at 20 ms each
+    _wait(lambda: rt.engine.rows_in_use == 0 and rt.engine.load == (0, 0), timeout=10)
+    assert "aotpack_slots_in_use 0.0" in fetch("GET", f"{url}/metrics")[2]
+
+
+def test_health_readiness_and_metrics(serving):
+    url, _ = serving(TEXT)
+    client(url).chat.completions.create(model="m", messages=QUESTION, max_tokens=3)
+    assert json.loads(fetch("GET", f"{url}/health")[2]) == {"status": "ok"}
+    assert json.loads(fetch("GET", f"{url}/ready")[2])["status"] == "ready"
+    metrics = fetch("GET", f"{url}/metrics")[2]
+    for name in (
+        'aotpack_requests_total{endpoint="/v1/chat/completions",status="200"}',
+        "aotpack_generated_tokens_total",
+        "aotpack_queue_depth",
+        "aotpack_slots 4.0",
+        "aotpack_time_to_first_token_seconds_count",
+        "aotpack_inter_token_latency_seconds_bucket",
+    ):
+        assert name in metrics
+
+
+def test_load_16_clients_64_requests_nothing_lost_all_equal_generate(serving, runtime):
+    """Bounded: 64 requests of 24 tokens from 16 threads; every reply equals `generate` of its prompt."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, _ = serving(TEXT)
+    rt = runtime(TEXT)
+    questions = [[{"role": "user", "content": f"Question number {i}: why?"}] for i in range(8)]
+    expected = [_expected_text(rt, chat(rt.tokenizer, [q]), max_new_tokens=24, do_sample=False) for q in questions]
+
+    def ask(i: int):
+        start = time.perf_counter()
+        reply = client(url).chat.completions.create(model="m", messages=questions[i % 8], max_tokens=24, temperature=0)
+        return i, reply.choices[0].message.content, time.perf_counter() - start
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(ask, range(64)))
+    wall = time.perf_counter() - start
+    assert len(results) == 64
+    assert all(text == expected[i % 8] for i, text, _ in results)
+    latencies = sorted(t for _, _, t in results)
+    figures = {"requests": 64, "clients": 16, "wall_s": wall, "tokens_per_s": 64 * 24 / wall,
+               "latency_p50_s": latencies[32], "latency_p99_s": latencies[63]}  # fmt: skip
+    print("\nload test:", json.dumps(figures))
+
+
+def test_sigterm_finishes_what_is_in_flight_and_exits(bundle):
+    """A separate `python -m runtime serve` process: SIGTERM while a stream runs; the stream ends
+    normally (within the grace period) and the process exits by the signal, without a traceback."""
+    path = bundle(TEXT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime", "serve", str(path), "--port", "0", "--shutdown-grace", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert "aotpack serve:" in line and "4 slots" in line, proc.stderr.read() if not line else line
+        url = line.split(" on ")[1].split(",")[0]
+        body = {"messages": QUESTION, "max_tokens": 60, "stream": True}
+        with event_stream(url, body) as lines:
+            next(lines)
+            proc.send_signal(signal.SIGTERM)
+            rest = list(lines)
+        assert rest[-1] == "data: [DONE]", rest[-3:]
+        # uvicorn re-raises the signal once it has shut down, so the exit status is the signal's (143 in a shell)
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
