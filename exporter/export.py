@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import platform
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 import transformers
 
 from exporter.accuracy import accuracy, reference
-from exporter.compat import package_metadata_and_constants
+from exporter.compat import cpu_flash_decode_attention, package_metadata_and_constants
 from exporter.compile import compile_decode, export_decode, inductor_options
 from exporter.config import ExportConfig
 from exporter.constants import constant_sources
@@ -65,7 +66,8 @@ def _build(config: ExportConfig, staging: Path, log) -> Manifest:
     step = decode_module(model, layout)
     log(f"exporting the decode step of {type(model).__name__} ({len(layout)} layers, cache {config.max_cache_len})")
     contract = DecodeContract(layout, config.batch_size, config.max_cache_len, config.dtype, config.device)
-    exported = export_decode(step, contract)
+    with _decode_attention(model, config, attention):
+        exported = export_decode(step, contract)
     options = inductor_options(config.device, config.cpu_isa, contract, quantized=quantization is not None)
     lowerings = _lowerings(config, weight_shapes(exported), options, log)
     log("compiling with AOTInductor")
@@ -89,6 +91,14 @@ def _build(config: ExportConfig, staging: Path, log) -> Manifest:
     )
     (staging / MANIFEST).write_text(manifest.to_json())
     return manifest
+
+
+def _decode_attention(model, config: ExportConfig, attention: str):
+    """CPU bundles with SDPA attention trace their decode step over ATen's CPU flash kernel (see
+    exporter.compat.cpu_flash_decode_attention); the parity gate then checks the result as always."""
+    if config.device == "cpu" and attention == "sdpa":
+        return cpu_flash_decode_attention(model)
+    return nullcontext()
 
 
 def _lowerings(config: ExportConfig, shapes, options: dict, log):

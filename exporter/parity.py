@@ -19,14 +19,16 @@ RELATIVE_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 
 
 def parity_prompt(tokenizer, batch: int, max_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A left-padded batch of at most `max_len` tokens: row i drops i leading tokens (ids (b, S), mask (b, S))."""
+    """A left-padded batch of at most `max_len` tokens (ids (b, S), mask (b, S)): row i drops the i
+    tokens after the first. The first (BOS) stays in every row: without it Gemma's activations grow so
+    large that bf16 rounding alone moved its logits by 30 (HF against HF, the same row padded and not)."""
     ids = tokenizer("Why is the sky blue? Compilers turn programs into machine code.", return_tensors="pt").input_ids
-    ids = ids[:, -max_len:].repeat(batch, 1).to(device)
-    mask = torch.ones_like(ids)
-    for row in range(batch):
-        mask[row, : min(row, ids.shape[1] - 1)] = 0
+    ids = ids[0, -max_len:].to(device)  # (S,)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return ids.masked_fill(mask == 0, pad), mask
+    drops = [min(row, ids.shape[0] - 1) for row in range(batch)]
+    rows = [torch.cat([ids.new_full((d,), pad), ids[:1], ids[1 + d :]]) for d in drops]
+    mask = torch.stack([torch.cat([torch.zeros(d), torch.ones(ids.shape[0] - d)]) for d in drops]).long()
+    return torch.stack(rows), mask.to(device)
 
 
 @torch.inference_mode()

@@ -59,3 +59,33 @@ def test_runtime_commands_work_without_the_exporter(bundle):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
         assert ("OK" if command == "verify" else "LlamaForCausalLM") in done.stdout
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-llama"])
+def test_decode_attention_is_atens_cpu_flash_kernel_with_a_dynamic_batch(checkpoint, name):
+    """Traced with a dynamic batch, SDPA fell to its math path (Inductor loops: a batch-8 bundle's step
+    took 2x a batch-1 bundle's at batch 1). The decode graph calls the flash kernel itself, computes what
+    SDPA computes, and the model's attention implementation is restored after the trace."""
+    import torch
+
+    from exporter.compat import cpu_flash_decode_attention
+    from exporter.compile import export_decode
+    from exporter.model import cache_layout, decode_module, load_model
+    from runtime.contract import DecodeContract
+
+    model, _ = load_model(checkpoint(name), "float32", "cpu")
+    layout = cache_layout(model, 32)
+    contract = DecodeContract(layout, 2, 32, "float32", "cpu")
+    step = decode_module(model, layout)
+    inputs = contract.example_inputs()
+    for t in inputs[4:]:
+        t.normal_()
+    with torch.inference_mode():
+        expected = step(*inputs)
+        with cpu_flash_decode_attention(model):
+            got = step(*inputs)
+            exported = export_decode(step, contract)
+    assert model.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    calls = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    assert sum("_scaled_dot_product_flash_attention_for_cpu" in c for c in calls) == len(layout)

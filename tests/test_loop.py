@@ -183,3 +183,19 @@ def test_stream_pieces_join_to_the_decoded_ids(text):
         ids = data[:cut]
         pieces = list(stream_text(_ByteTokenizer(), (torch.tensor([t]) for t in ids)))
         assert "".join(pieces) == _ByteTokenizer().decode(ids)
+
+
+def test_the_parity_gates_batch_keeps_the_first_token_in_every_row():
+    """Row i is left-padded by i and drops the i tokens after the first: dropping the BOS itself made
+    Gemma's bf16 logits move by 30 between a row padded and alone (HF against HF), failing the gate."""
+    from exporter.parity import parity_prompt
+
+    class Tokenizer:
+        pad_token_id = 0
+
+        def __call__(self, text, return_tensors):
+            return SimpleNamespace(input_ids=torch.tensor([[2, 11, 12, 13, 14]]))
+
+    ids, mask = parity_prompt(Tokenizer(), 3, 100, "cpu")
+    assert ids.tolist() == [[2, 11, 12, 13, 14], [0, 2, 12, 13, 14], [0, 0, 2, 13, 14]]
+    assert mask.tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 1, 1], [0, 0, 1, 1, 1]]

@@ -3,8 +3,8 @@
 Owns: starting each server as a process of its own on a free 127.0.0.1 port, timing the first token of
 the first request from the moment the process was spawned (cold start: imports, loading, and for
 `--compile` whatever compiling the first request triggers), then N concurrent streaming clients (the
-official `openai` client) and their aggregate tokens/s, and serve.md / serve.json with a verdict per
-target of the serving issue. Every server gets the same chat requests, greedy, the same token budget.
+official `openai` client, `/v1/completions`) and their aggregate tokens/s, and serve.md / serve.json with a verdict per
+target of the serving issue. Every server gets the same prompts, greedy, the same token budget.
 This is a benchmark, not a test: nothing here asserts a speed.
 """
 
@@ -63,22 +63,24 @@ def _command(name: str, path: Path, port: int, config: BenchConfig, dtype: str) 
 
 
 def _ask(url: str, model: str, prompt: str, new_tokens: int) -> tuple[float, float, int, str]:
-    """One streaming chat request: (time.time() of its first token, seconds to it, tokens, text)."""
+    """One streaming completion: (time.time() of its first token, seconds to it, tokens, text). A plain
+    prompt, not chat: base checkpoints (Gemma 3 270M) have no chat template."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=1800)
     start, first, pieces = time.time(), None, []
-    stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=new_tokens, temperature=0,
-        stream=True, stream_options={"include_usage": True},
+    stream = client.completions.create(
+        model=model, prompt=prompt, max_tokens=new_tokens, temperature=0, stream=True,
+        stream_options={"include_usage": True},
     )  # fmt: skip
-    tokens = 0
+    tokens = None
     for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
+        if chunk.choices and chunk.choices[0].text:
             first = first or time.time()
-            pieces.append(chunk.choices[0].delta.content)
+            pieces.append(chunk.choices[0].text)
         if chunk.usage:
             tokens = chunk.usage.completion_tokens
+    tokens = len(pieces) if tokens is None else tokens  # a server that sends no usage: one chunk a token
     first = first or time.time()
     return first, first - start, tokens, "".join(pieces)
 
@@ -137,7 +139,8 @@ def bench_serve(config: BenchConfig, log=print) -> dict:
         for name in ["aotpack serve", *HF_SERVERS]:
             log(f"[{variant}] {name}: cold start, then {config.streams} concurrent streaming clients")
             path = bundle if name == "aotpack serve" else checkpoint
-            results["servers"].append(measure_server(name, path, config, variant, model=Path(path).name))
+            model = Path(path).name if name == "aotpack serve" else str(path)  # transformers serve: the path given
+            results["servers"].append(measure_server(name, path, config, variant, model=model))
     write_serve_report(results, config.out)
     return results
 

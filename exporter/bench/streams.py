@@ -20,6 +20,8 @@ import sys
 import time
 
 SKIP = 3  # first gaps of each stream left out of ITL figures (admission of the others)
+NEVER = {"eos_token_id": 0}  # every stream decodes its full length (token 0, padding, never comes greedily);
+# min_new_tokens would do it too, but through a logits processor that costs ms a step over a large vocabulary
 
 
 def _prompts(vocab: int, count: int, length: int) -> list:
@@ -40,7 +42,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 def concurrent(rt, prompts, new_tokens: int) -> dict:
     """All prompts submitted at once; figures over the time every stream was decoding."""
-    handles = [rt.submit(p, max_new_tokens=new_tokens) for p in prompts]
+    handles = [rt.submit(p, max_new_tokens=new_tokens, **NEVER) for p in prompts]
     for h in handles:
         h.result()
     start, end = max(h.times[SKIP] for h in handles), min(h.times[-1] for h in handles)
@@ -57,11 +59,11 @@ def concurrent(rt, prompts, new_tokens: int) -> dict:
 def admission(rt, prompts, long_prompt, new_tokens: int, chunk: int | None) -> dict:
     """`prompts` decode; once each has produced 2 * SKIP tokens, `long_prompt` is submitted."""
     rt.engine.prefill_chunk = chunk
-    handles = [rt.submit(p, max_new_tokens=new_tokens) for p in prompts]
+    handles = [rt.submit(p, max_new_tokens=new_tokens, **NEVER) for p in prompts]
     while min(len(h.times) for h in handles) < 2 * SKIP:
         time.sleep(0.001)
     arrived = time.monotonic()
-    late = rt.submit(long_prompt, max_new_tokens=4)
+    late = rt.submit(long_prompt, max_new_tokens=4, **NEVER)
     late.result()
     first = late.times[0]
     for h in handles:
