@@ -124,6 +124,53 @@ def test_bench_verdicts_use_the_unrounded_figure():
 
 
 @pytest.mark.slow
+def test_streams_report_reads_the_targets_from_the_measurements(tmp_path):
+    """The continuous-batching report: ratios and verdicts from synthetic measurements."""
+    from exporter.bench.concurrency import figures, write_streams_report
+
+    admission = {"itl_p50_before_ms": 100.0, "itl_p99_during_ms": 250.0, "stall_max_ms": 260.0,
+                 "long_prompt_tokens": 512, "long_prompt_first_token_s": 2.0}  # fmt: skip
+    measured = {
+        "rows": 8,
+        "one": {"streams": 1, "tokens_per_s": 20.0, "itl_p50_ms": 50.0, "itl_p99_ms": 55.0},
+        "many": {"streams": 8, "tokens_per_s": 110.0, "itl_p50_ms": 72.0, "itl_p99_ms": 90.0},
+        "admission": [admission | {"prefill_chunk": None, "p99_over_p50": 9.0},
+                      admission | {"prefill_chunk": 32, "p99_over_p50": 2.5}],
+    }  # fmt: skip
+    assert figures(measured) == pytest.approx(
+        {"throughput_gain": 5.5, "itl_growth": 1.44, "chunked_p99_over_p50": 2.5, "whole_p99_over_p50": 9.0}
+    )
+    config = {"model": "m", "threads": 2, "prompt_len": 32, "new_tokens": 64}
+    machine = {"cpu": "cpu", "isa": ["avx2"], "torch": "2.13"}
+    write_streams_report({"config": config, "machine": machine, "build_s": 1.0, "variant": "bfloat16",
+                          "measured": measured}, tmp_path)  # fmt: skip
+    report = (tmp_path / "streams.md").read_text()
+    assert report.count("| met |") == 3 and "chunks of 32" in report
+
+
+def test_serve_report_compares_with_transformers_serve():
+    from exporter.bench.serving import figures
+
+    def server(name, cold, tps, texts):
+        return {"server": name, "cold_start_first_token_s": cold, "tokens_per_s": tps, "texts": texts}
+
+    results = {"servers": [
+        server("aotpack serve", 2.0, 90.0, ["a", "b"]),
+        server("transformers serve", 4.0, 20.0, ["a", "c"]),
+        server("transformers serve --compile", 40.0, 30.0, ["a", "c"]),
+        server("transformers serve --continuous-batching", 5.0, 50.0, ["x", "c"]),
+    ]}  # fmt: skip
+    assert figures(results) == pytest.approx(
+        {
+            "cold_vs_compile": 20.0,
+            "cold_vs_plain": 0.5,
+            "tps_vs_cb": 1.8,
+            "same_text_as_plain": 1,
+            "plain_same_as_cb": 1,
+        }
+    )
+
+
 def test_portable_cpu_isa_bundle(bundle, checkpoint, tmp_path):
     out = tmp_path / "portable"
     args = ["export", str(checkpoint("tiny-llama")), "--out", str(out), "--max-cache-len", "160", "--cpu-isa", "avx2"]

@@ -175,7 +175,7 @@ def markdown(results: dict) -> str:
         f"{results['machine']['cpu']}, {cfg['threads']} threads; {cfg['streams']} concurrent streaming clients "
         f"(openai), greedy, {cfg['new_tokens']} tokens each; the bundle was built in {results['build_s']:.0f} s "
         f"(not counted in cold start). Greedy replies equal to transformers serve's: {f['same_text_as_plain']} of "
-        f"{cfg['streams']}; transformers serve's own two modes agree on {f['plain_same_as_cb']} (bf16 near-ties).",
+        f"{cfg['streams']}; transformers serve's own two modes agree on {f['plain_same_as_cb']}.",
         "",
         "| server | cold start to first token (s) | aggregate tokens/s | TTFT p50 under load (s) |",
         "|---|---|---|---|",
