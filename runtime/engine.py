@@ -174,7 +174,7 @@ class Engine:
         return max(0.0, oldest + self.busy_timeout - time.monotonic())
 
     def _release(self, handle: Handle, error: BaseException | None = None) -> None:
-        """Free a request's rows (under the lock or on the loop's thread with the lock taken here)."""
+        """Free a request's rows and end its handle; the caller holds the lock."""
         sequence = self._running.pop(handle)
         rows = sequence.rows
         self._owner[rows] = [None] * (rows.stop - rows.start)
@@ -195,13 +195,10 @@ class Engine:
         r, rows, b = sequence.request, sequence.rows, self.bundle
         try:
             self._clear(rows)
-            kv = [t[rows] for t in self.kv]  # views of the request's rows only
             if self._chunked(r):
-                chunk, mask = r.input_ids[:, : self.prefill_chunk], r.attention_mask[:, : self.prefill_chunk]
-                prefill_states(b.model, kv, b.layout, chunk, mask, prompt_positions(mask))
-                sequence.fed = self.prefill_chunk
-                self.rows.park(rows, sequence.fed)
+                self._feed_chunk(sequence)
                 return
+            kv = [t[rows] for t in self.kv]  # views of the request's rows only
             scores = prefill_prompt(b.model, kv, b.layout, r.input_ids, r.attention_mask, **r.model_inputs)
             seq = r.input_ids.shape[1]
             self._decode_from(sequence, seq if scores is not None else seq - 1)
@@ -231,15 +228,23 @@ class Engine:
         if pending is None:
             return
         handle, sequence = pending
-        r, b, start = sequence.request, self.bundle, sequence.fed
-        end = min(start + self.prefill_chunk, r.input_ids.shape[1] - 1)  # the last token is the step's
         try:
-            kv = [t[sequence.rows] for t in self.kv]
-            prefill_more(b.model, kv, b.layout, r.input_ids[:, start:end], r.attention_mask[:, :end], start)
+            self._feed_chunk(sequence)
         except Exception as e:
             with self._cond:
                 self._release(handle, e)
-            return
+
+    def _feed_chunk(self, sequence: Sequence) -> None:
+        """Prefill the request's next chunk, from token `fed` on: the first from an empty cache, the
+        others continuing it. After the last (all but the prompt's last token) the rows decode."""
+        r, b, start = sequence.request, self.bundle, sequence.fed
+        end = min(start + self.prefill_chunk, r.input_ids.shape[1] - 1)  # the last token is the step's
+        kv = [t[sequence.rows] for t in self.kv]  # views of the request's rows only
+        ids, mask = r.input_ids[:, start:end], r.attention_mask[:, :end]
+        if start == 0:
+            prefill_states(b.model, kv, b.layout, ids, mask, prompt_positions(mask))
+        else:
+            prefill_more(b.model, kv, b.layout, ids, mask, start)
         if end == r.input_ids.shape[1] - 1:
             self._decode_from(sequence, end)
         else:

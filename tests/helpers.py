@@ -95,6 +95,15 @@ def staggered(submit, requests):
     return results
 
 
+def submitter(rt):
+    """`staggered`'s submit over a Runtime: each request through `rt.submit`, logits kept."""
+
+    def submit(inputs: dict, generator, **options):
+        return rt.submit(**inputs, generator=generator, want_logits=True, **options)
+
+    return submit
+
+
 def lone_generate(model, inputs: dict, seed=None, **options):
     """HF eager generate of one request alone: (new tokens (b, n), raw logits (b, n, vocab))."""
     if seed is not None:

@@ -11,7 +11,16 @@ import threading
 
 import pytest
 import torch
-from helpers import GREEDY, SAMPLED, aot_generate, assert_each_matches_lone_generate, assert_parity, chat, staggered
+from helpers import (
+    GREEDY,
+    SAMPLED,
+    aot_generate,
+    assert_each_matches_lone_generate,
+    assert_parity,
+    chat,
+    staggered,
+    submitter,
+)
 
 TEXT_FAMILIES = ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-mistral", "tiny-gemma2"]
 CONVERSATIONS = [
@@ -119,8 +128,7 @@ def test_concurrent_requests_each_match_a_lone_generate(name, runtime, reference
     torch.manual_seed(3)
     prompts = [{"input_ids": torch.randint(3, 300, (1, n))} for n in (9, 23, 4, 40, 15, 7)]
     plan = [(p, SAMPLED if i % 2 else GREEDY, 50 + i if i % 2 else None) for i, p in enumerate(prompts)]
-    submit = lambda inputs, generator, **options: rt.submit(**inputs, generator=generator, want_logits=True, **options)  # noqa: E731
-    assert_each_matches_lone_generate(reference(name), plan, staggered(submit, plan))
+    assert_each_matches_lone_generate(reference(name), plan, staggered(submitter(rt), plan))
     assert rt.engine.peak_running >= 2
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import GREEDY, SAMPLED, assert_each_matches_lone_generate, assert_parity, chat, staggered
+from helpers import GREEDY, SAMPLED, assert_each_matches_lone_generate, assert_parity, chat, staggered, submitter
 from PIL import Image
 
 from runtime import ImageInputError
@@ -82,8 +82,7 @@ def test_concurrent_image_requests_each_match_a_lone_generate(runtime, reference
     rt = runtime(VLM)
     plan = [(chat(rt, [CASES[c]]), GREEDY, None) for c in ("one_image", "text_only", "two_images")]
     plan.append((chat(rt, [CASES["second_turn"]]), SAMPLED, 11))
-    submit = lambda inputs, generator, **options: rt.submit(**inputs, generator=generator, want_logits=True, **options)  # noqa: E731
-    assert_each_matches_lone_generate(reference(VLM), plan, staggered(submit, plan))
+    assert_each_matches_lone_generate(reference(VLM), plan, staggered(submitter(rt), plan))
 
 
 def test_decode_holds_no_vision_weights_and_shares_the_rest(runtime):
