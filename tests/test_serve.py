@@ -344,4 +344,5 @@ def test_sigterm_finishes_what_is_in_flight_and_exits(bundle):
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
         assert "Traceback" not in proc.stderr.read()
     finally:
-        proc.kill()
+        proc.kill()  # a no-op once it has exited; reaped either way, nothing left listening
+        proc.wait(timeout=60)
