@@ -13,19 +13,20 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.cli import add_commands, dispatch, quiet
+from runtime.cli import Formatter, add_commands, add_version, dispatch, quiet
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict]:
     p = argparse.ArgumentParser(
         prog="aotpack", description="Ahead-of-time packager for HF language and vision-language models"
     )
+    add_version(p)
     sub = p.add_subparsers(dest="command", required=True)
     handlers = {"export": _export, "bench": _bench}
-    e = sub.add_parser("export", help="export a checkpoint's decode step into a bundle")
+    e = sub.add_parser("export", help="export a checkpoint's decode step into a bundle", formatter_class=Formatter)
     e.add_argument("model", help="checkpoint directory, hub id already in the local cache, or preset name")
     e.add_argument("--out", type=Path, help="bundle directory (default: artifacts/<name>)")
-    e.add_argument("--max-cache-len", type=int, default=2048)
+    e.add_argument("--max-cache-len", type=int, default=2048, help="KV cache slots per row: prompt plus new tokens")
     e.add_argument("--batch-size", type=int, default=1, help="largest batch the bundle serves")
     e.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     e.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -45,7 +46,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     e.add_argument("--no-accuracy", action="store_true", help="skip scoring a reduced-precision bundle against float32")
     e.add_argument("--sign-key", type=Path, help="sign the bundle with this elliptic-curve private key (PEM)")
     e.add_argument("--force", action="store_true", help="replace an existing bundle once the new one is complete")
-    b = sub.add_parser("bench", help="benchmark HF eager, HF + torch.compile, aotpack and llama.cpp (not a test)")
+    b = sub.add_parser(
+        "bench",
+        help="benchmark HF eager, HF + torch.compile, aotpack and llama.cpp (not a test)",
+        formatter_class=Formatter,
+    )
     b.add_argument(
         "--model", default="gemma3-270m-arch", help="preset, real checkpoint name, .gguf file or checkpoint directory"
     )
@@ -63,10 +68,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         help="llama.cpp's convert_hf_to_gguf.py: adds llama.cpp (if llama_cpp is importable) as a system",
     )
     b.add_argument("--gemv", choices=("tune", "aten", "reduce"), default="tune", help="passed to aotpack export")
-    b.add_argument("--prompt-len", type=int, default=32)
-    b.add_argument("--new-tokens", type=int, default=64)
-    b.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    b.add_argument("--out", type=Path, default=Path("artifacts/bench"))
+    b.add_argument("--prompt-len", type=int, default=32, help="prompt tokens")
+    b.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request")
+    b.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads of every system")
+    b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="report folder")
     b.add_argument(
         "--rounds", type=int, default=1, help="fresh-process runs per system; figures are medians over rounds"
     )
@@ -82,6 +87,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         help="with --streams N: aotpack serve against transformers serve (plain, --compile, --continuous-batching), "
         "N concurrent clients (writes serve.md)",
     )
+    b.add_argument(
+        "--ray",
+        action="store_true",
+        help="with --serve --streams N: aotpack serve alone and on Ray Serve with 1 and 2 replicas (writes ray.md)",
+    )
     b.add_argument("--long-prompt", type=int, default=512, help="--streams: tokens of the prompt admitted late")
     b.add_argument("--prefill-chunk", type=int, default=32, help="--streams: chunk size for the chunked admission")
     return p, handlers | add_commands(sub)
@@ -95,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 def _export(args) -> int:
     from exporter.config import ExportConfig
     from exporter.export import export
+    from exporter.progress import Progress
 
     quiet()
     out = args.out or Path("artifacts") / Path(args.model).name
@@ -114,14 +125,14 @@ def _export(args) -> int:
         sign_key=args.sign_key,
     )
     start = time.perf_counter()
-    manifest = export(
-        config,
-        log=lambda msg: print(f"[aotpack {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True),
+    progress = Progress(
+        lambda msg: print(f"[aotpack {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
     )
+    manifest = export(config, progress=progress)
     p = manifest.parity
     print(
-        f"wrote {out} in {manifest.build_seconds:.0f} s; parity max |Δlogit| {p.max_abs_logit_diff:.2e}, "
-        f"tokens match: {p.tokens_match}"
+        f"wrote {out} in {manifest.build_seconds:.0f} s ({progress.summary()}); parity max |Δlogit| "
+        f"{p.max_abs_logit_diff:.2e}, tokens match: {p.tokens_match}"
     )
     return 0
 
@@ -144,9 +155,10 @@ def _bench(args) -> int:
         long_prompt=args.long_prompt,
         prefill_chunk=args.prefill_chunk,
         serve=args.serve,
+        ray=args.ray,
     )
     bench(config, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
-    report = "serve.md" if args.serve else "streams.md" if args.streams else "bench.md"
+    report = "ray.md" if args.ray else "serve.md" if args.serve else "streams.md" if args.streams else "bench.md"
     print((config.out / report).read_text())
     return 0
 

@@ -26,6 +26,7 @@ from exporter.landing import land, readable_by_all, signals_abort, staging_dir
 from exporter.lowering import fixed, lower, tune, weight_shapes
 from exporter.model import cache_layout, decode_module, is_multimodal, load_model, text_config
 from exporter.parity import check_parity
+from exporter.progress import Progress
 from exporter.quantize import quantize_model
 from exporter.source import checkpoint_dir
 from exporter.write import write_model
@@ -37,49 +38,59 @@ from runtime.manifest import AOTPACK_VERSION, DECODE, FORMAT_VERSION, MANIFEST, 
 from runtime.signing import sign
 
 
-def export(config: ExportConfig, log=print) -> Manifest:
-    out = config.out
+def export(config: ExportConfig, log=print, progress: Progress | None = None) -> Manifest:
+    """Build the bundle and land it at `config.out` whole, or leave nothing. `progress` times and shows
+    each stage (load, trace, tune, compile, write, parity); by default only `log` hears of them."""
+    out, progress = config.out, progress or Progress(log, live=False)
     with staging_dir(out) as staging, signals_abort() as received:  # Ctrl-C must not leave half a bundle
-        manifest = _build(config, staging, log)
+        manifest = _build(config, staging, progress)
         readable_by_all(staging)
         if config.sign_key is not None:
-            log(f"signing with {config.sign_key}")
-            sign(staging, config.sign_key)
+            with progress.stage("sign", f"signing with {config.sign_key}"):
+                sign(staging, config.sign_key)
         if received:  # the interrupt was swallowed somewhere inside the build: do not land
             raise ExportError(f"export interrupted by signal {received[0]}; {out} was left as it was")
         land(staging, out)
     return manifest
 
 
-def _build(config: ExportConfig, staging: Path, log) -> Manifest:
-    start = time.perf_counter()
-    with checkpoint_dir(config.model) as checkpoint:
+def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
+    start, stage = time.perf_counter(), progress.stage
+    with stage("load", f"loading {config.model}"), checkpoint_dir(config.model) as checkpoint:
         model, attention = load_model(checkpoint, config.dtype, config.device)  # refuses unsupported classes first
         preprocessor = _load_preprocessor(checkpoint)
         tokenizer = getattr(preprocessor, "tokenizer", preprocessor)
         ref = None
         if config.measures_accuracy:  # the float32 model is scored, then dropped, before any conversion
-            log("scoring the float32 model on the accuracy text")
+            progress.log("scoring the float32 model on the accuracy text")
             ref = reference(load_model(checkpoint, "float32", config.device)[0], tokenizer)
     quantization = quantize_model(model, config.quant_spec) if config.quant_spec else None
     layout = cache_layout(model, config.max_cache_len)
     step = decode_module(model, layout)
-    log(f"exporting the decode step of {type(model).__name__} ({len(layout)} layers, cache {config.max_cache_len})")
+    message = (
+        f"exporting the decode step of {type(model).__name__} ({len(layout)} layers, cache {config.max_cache_len})"
+    )
     contract = DecodeContract(layout, config.batch_size, config.max_cache_len, config.dtype, config.device)
-    with _decode_attention(model, config, attention):
+    with stage("trace", message), _decode_attention(model, config, attention):
         exported = export_decode(step, contract)
     options = inductor_options(config.device, config.cpu_isa, contract, quantized=quantization is not None)
-    lowerings = _lowerings(config, weight_shapes(exported), options, log)
-    log("compiling with AOTInductor")
-    package = compile_decode(lower(exported, lowerings), staging / DECODE, options)
-    aliases = write_model(model, preprocessor, staging)
-    manifest = _draft_manifest(config, model, step, layout, package, aliases)
+    lowerings = _lowerings(config, weight_shapes(exported), options, progress)
+    with stage("compile", "compiling with AOTInductor"):
+        package = compile_decode(lower(exported, lowerings), staging / DECODE, options)
+    with stage("write", "writing weights, tokenizer and configs"):
+        aliases = write_model(model, preprocessor, staging)
+        manifest = _draft_manifest(config, model, step, layout, package, aliases)
     manifest = replace(manifest, attn_implementation=attention, quantization=quantization, lowerings=lowerings)
-    log("checking parity against eager generate")
-    decode = CompiledDecode(package, model, manifest)
-    parity = check_parity(
-        model, decode, layout, tokenizer, config.dtype, config.batch_size, config.parity_steps, config.max_cache_len
-    )
+    with stage("parity", "checking parity against eager generate"):
+        decode = CompiledDecode(package, model, manifest)
+        parity = check_parity(
+            model, decode, layout, tokenizer, config.dtype, config.batch_size, config.parity_steps, config.max_cache_len
+        )
+    return _finish(config, staging, manifest, parity, model, ref, start)
+
+
+def _finish(config, staging: Path, manifest: Manifest, parity, model, ref, start: float) -> Manifest:
+    """The manifest's last fields: every file's hash, parity, accuracy and timings."""
     files = {p.name: sha256(p) for p in sorted(staging.iterdir()) if p.is_file()}
     manifest = replace(
         manifest,
@@ -103,12 +114,12 @@ def _decode_attention(model, config: ExportConfig, attention: str):
     return nullcontext()
 
 
-def _lowerings(config: ExportConfig, shapes, options: dict, log):
+def _lowerings(config: ExportConfig, shapes, options: dict, progress: Progress):
     dtype = getattr(torch, config.dtype)
     if config.gemv != "tune":
         return fixed(shapes, dtype, config.gemv)
-    log("timing each weight shape's GEMV candidates on this machine")
-    return tune(shapes, dtype, config.device, options, log)
+    with progress.stage("tune", "timing each weight shape's GEMV candidates on this machine"):
+        return tune(shapes, dtype, config.device, options, progress.log)
 
 
 def _draft_manifest(config: ExportConfig, model, step, layout, package: Path, aliases: dict[str, str]) -> Manifest:

@@ -26,7 +26,9 @@ _AT_FDCWD = -100
 
 @contextmanager
 def staging_dir(out: Path):
-    """A fresh, empty directory beside `out`, removed on exit whatever happens."""
+    """A fresh, empty directory beside `out`, removed on exit whatever happens; so are the parent
+    folders made for it, if the export failed (no empty `artifacts/` left behind)."""
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # deepest first
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -42,6 +44,11 @@ def staging_dir(out: Path):
         yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        for folder in made:
+            try:
+                folder.rmdir()  # only if empty: a bundle that landed keeps its folder
+            except OSError:
+                break
 
 
 def _remove_stale(out: Path) -> None:

@@ -1,7 +1,10 @@
 """aotpack runtime: load a bundle and generate, with eager prefill and the AOT-compiled decode step.
 
-Runs without the exporter: `from runtime import load`.
+Runs without the exporter: `from runtime import load`. Names that need torch load on first use, so
+that `import runtime.errors` (and `aotpack --help`) does not import torch and transformers.
 """
+
+import importlib
 
 from runtime.errors import (
     AotpackError,
@@ -17,8 +20,21 @@ from runtime.errors import (
     QueueFullError,
     RuntimeBusyError,
 )
-from runtime.manifest import FORMAT_VERSION, SUPPORTED_VERSIONS, Manifest
-from runtime.runtime import Runtime, load
+
+_LAZY = {
+    "FORMAT_VERSION": "runtime.manifest",
+    "SUPPORTED_VERSIONS": "runtime.manifest",
+    "Manifest": "runtime.manifest",
+    "Runtime": "runtime.runtime",
+    "load": "runtime.runtime",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+
 
 __all__ = [
     "AotpackError",

@@ -29,6 +29,7 @@ class RunConfig:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    greedy: bool = False
     seed: int | None = None
     threads: int | None = None
 
@@ -39,14 +40,28 @@ class RunConfig:
             from runtime.runtime import check_threads
 
             check_threads(self.threads)
-        sampling = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
-        check_options(sampling | {"max_new_tokens": self.max_new_tokens}, vocab_size=1)
+        self.options  # noqa: B018 (checks --greedy against the sampling flags)
+        check_options({"max_new_tokens": self.max_new_tokens}, vocab_size=1)
         if self.seed is not None and not 0 <= self.seed < 2**64:
             raise InvalidInputError(f"--seed {self.seed} must be from 0 to 2**64 - 1")
 
     @property
-    def do_sample(self) -> bool:
-        return any(v is not None for v in (self.temperature, self.top_k, self.top_p))
+    def options(self) -> dict:
+        return sampling_options(self.temperature, self.top_k, self.top_p, self.greedy)
+
+
+def sampling_options(temperature=None, top_k=None, top_p=None, greedy: bool = False) -> dict:
+    """generate() options from the command line's sampling flags: none given keeps the bundle's own
+    generation defaults; any given samples with them; --greedy decodes greedily."""
+    given = {k: v for k, v in {"temperature": temperature, "top_k": top_k, "top_p": top_p}.items() if v is not None}
+    if greedy and given:
+        raise InvalidInputError(
+            f"--greedy cannot be combined with {', '.join('--' + k.replace('_', '-') for k in given)}"
+        )
+    check_options(given, vocab_size=1)
+    if greedy:
+        return {"do_sample": False}
+    return given | ({"do_sample": True} if given else {})
 
 
 def open_images(paths) -> list:
@@ -102,24 +117,26 @@ def run(config: RunConfig, out=None) -> dict:
     if config.images and not read_manifest(config.bundle).is_multimodal:
         raise ImageInputError(f"--image given, but {config.bundle} is a text-only bundle; drop --image or export a VLM")
     images = open_images(config.images)  # a bad file fails before any loading
+    start = time.perf_counter()
     rt = load(config.bundle, num_threads=config.threads)
     inputs = chat_inputs(rt, config.system, config.prompt, images)
+    load_s = time.perf_counter() - start
     generator = torch.Generator(rt.manifest.device).manual_seed(config.seed) if config.seed is not None else None
-    sampling = dict(do_sample=config.do_sample, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
     start = time.perf_counter()
     stamps = []
-    tokens = rt.iter_tokens(**inputs, max_new_tokens=config.max_new_tokens, generator=generator, **sampling)
+    tokens = rt.iter_tokens(**inputs, max_new_tokens=config.max_new_tokens, generator=generator, **config.options)
     for piece in _timed_text(rt.tokenizer, tokens, stamps):
         out.write(piece)
         out.flush()
     prefill_ms = (stamps[0] - start) * 1e3
     decode_ms = (stamps[-1] - stamps[0]) * 1e3 / max(len(stamps) - 1, 1)
+    mode = "sampled" if rt.request(**inputs, **config.options).config.do_sample else "greedy"
     print(
-        f"\n[prefill {prefill_ms:.1f} ms, {inputs['input_ids'].shape[1]} tokens | decode {decode_ms:.2f} ms/token, "
-        f"{len(stamps)} tokens]",
+        f"\n[load {load_s:.2f} s | prefill {prefill_ms:.1f} ms, {inputs['input_ids'].shape[1]} tokens | decode "
+        f"{decode_ms:.2f} ms/token ({1e3 / decode_ms if decode_ms else 0:.1f} tokens/s), {len(stamps)} tokens, {mode}]",
         file=sys.stderr,
     )
-    return {"prefill_ms": prefill_ms, "decode_ms_per_token": decode_ms, "new_tokens": len(stamps)}
+    return {"load_s": load_s, "prefill_ms": prefill_ms, "decode_ms_per_token": decode_ms, "new_tokens": len(stamps)}
 
 
 def _timed_text(tokenizer, tokens, stamps: list):

@@ -12,14 +12,16 @@ from contextlib import contextmanager
 
 import torch
 from transformers import GenerationConfig
-from transformers.generation import LogitsProcessorList
+from transformers.generation import LogitsProcessorList, StoppingCriteriaList
 from transformers.initialization import no_init_weights
 
 # (owner, attribute) of every private symbol used below; tests/test_compat.py walks this list.
 PRIVATE_SYMBOLS = (
     (torch._C._aoti, "AOTIModelPackageLoader"),
-    (GenerationConfig, "_get_default_generation_params"),
     ("transformers.generation.utils.GenerationMixin", "_get_logits_processor"),
+    ("transformers.generation.utils.GenerationMixin", "_get_stopping_criteria"),
+    ("transformers.generation.utils.GenerationMixin", "_prepare_generation_config"),
+    ("transformers.generation.utils.GenerationMixin", "_expand_inputs_for_generation"),
     ("transformers.generation.utils.GenerationMixin", "_prepare_special_tokens"),
     ("transformers.modeling_utils.PreTrainedModel", "_from_config"),
 )
@@ -79,14 +81,38 @@ def special_tokens(model, config: GenerationConfig, device) -> tuple[tuple[int, 
     return (tuple(eos.tolist()) if eos is not None else ()), (int(pad) if pad is not None else 0)
 
 
-def logits_processors(model, config: GenerationConfig, prompt_len: int, device) -> LogitsProcessorList:
-    """transformers' processor list for `config`, exactly as `generate` builds it: the single source of
-    truth for what each generation option means; re-implementing it would drift from HF."""
+def generation_config(model, base: GenerationConfig | None, overrides: dict) -> GenerationConfig:
+    """The call's generation config exactly as `generate` resolves it: `base` (a `generation_config=`
+    argument) or a blank one, its unset fields filled from the model's generation config, then from
+    transformers' global defaults (top_k=50 ...), then the call's keyword overrides on top."""
+    config, model_kwargs = model._prepare_generation_config(base, **overrides)
+    if unknown := sorted(k for k in model_kwargs if k not in ("output_attentions", "output_hidden_states")):
+        raise ValueError(f"not generation options: {unknown}")
+    return config
+
+
+def logits_processors(
+    model, config: GenerationConfig, attention_mask, custom=None, prefix_allowed_tokens_fn=None
+) -> LogitsProcessorList:
+    """transformers' processor list for `config`, exactly as `generate` builds it (a `logits_processor=`
+    list merged in as HF merges it): the single source of truth for what each generation option means;
+    re-implementing it would drift from HF. The mask matters: the repetition penalty skips left padding."""
     return model._get_logits_processor(
-        generation_config=config, input_ids_seq_length=prompt_len, device=device, model_kwargs={}
-    )
+        generation_config=config, input_ids_seq_length=attention_mask.shape[1], device=attention_mask.device,
+        model_kwargs={"attention_mask": attention_mask},
+        logits_processor=custom if custom is not None else LogitsProcessorList(),
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+    )  # fmt: skip
 
 
-def default_max_length() -> int:
-    """HF generate's default total length when neither max_new_tokens nor max_length is set."""
-    return GenerationConfig._get_default_generation_params()["max_length"]
+def stopping_criteria(model, config: GenerationConfig, custom, tokenizer) -> StoppingCriteriaList:
+    """transformers' stopping criteria for `config` as `generate` builds them: max length, max_time,
+    stop strings (with `tokenizer`), eos, and a `stopping_criteria=` list merged in."""
+    custom = custom if custom is not None else StoppingCriteriaList()
+    return model._get_stopping_criteria(generation_config=config, stopping_criteria=custom, tokenizer=tokenizer)
+
+
+def expand_inputs(model, times: int, input_ids, **model_inputs):
+    """`num_return_sequences`: each row repeated `times` times in place, with its mask and images, as
+    `generate` expands them."""
+    return model._expand_inputs_for_generation(expand_size=times, input_ids=input_ids, **model_inputs)

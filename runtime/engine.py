@@ -31,6 +31,18 @@ from runtime.rows import Rows, prompt_positions
 from runtime.sequence import Sequence
 
 
+class Reservation:
+    """A cache row held by a session (runtime.session) between its turns: the KV of `ids` stays in it.
+    Between turns the row is parked at the index after `ids`, the slot the next turn's prefill writes
+    first, so the steps of other requests that run over it change nothing it keeps."""
+
+    decoding = False  # an owner of rows that the step does not advance
+
+    def __init__(self, rows: slice):
+        self.rows = rows
+        self.ids: torch.Tensor | None = None  # (1, cached) the tokens whose keys and values the row holds
+
+
 class Engine:
     def __init__(self, bundle, busy_timeout: float = 300.0, prefill_chunk: int | None = None):
         """`bundle`: its model (eager prefill), decode (compiled step), layout and manifest.
@@ -43,7 +55,7 @@ class Engine:
         self.kv = allocate(bundle.layout, m.batch_size, getattr(torch, m.dtype), m.device)  # [k0, v0, ...] (B, ...)
         self.rows = Rows(m.batch_size, m.max_cache_len, m.device)
         self.tokens = torch.zeros(m.batch_size, 1, dtype=torch.long, device=m.device)  # (B, 1) next step input
-        self._owner: list[Sequence | None] = [None] * m.batch_size  # which sequence holds each row
+        self._owner: list[Sequence | Reservation | None] = [None] * m.batch_size  # who holds each row
         self._waiting: deque[Handle] = deque()
         self._running: dict[Handle, Sequence] = {}
         self._cond = threading.Condition()
@@ -54,10 +66,14 @@ class Engine:
         _ENGINES.add(self)
 
     # ---- callers' side (any thread) ----
-    def submit(self, request, want_logits: bool = False, max_waiting: int | None = None) -> Handle:
+    def submit(
+        self, request, want_logits: bool = False, max_waiting: int | None = None, reservation=None, reuse: int = 0
+    ) -> Handle:
         """Queue a validated request (runtime.generate.make_request); returns its handle at once.
-        With `max_waiting`, a request that would find that many already waiting is refused instead."""
-        handle = Handle(request, want_logits, self._wake)
+        With `max_waiting`, a request that would find that many already waiting is refused instead.
+        With a `reservation` (one row) the request runs in that row, whose first `reuse` cached tokens
+        are the prompt's first `reuse` tokens: only the rest is prefilled."""
+        handle = Handle(request, want_logits, self._wake, reservation, reuse)
         with self._cond:
             if self._closed:
                 raise EngineClosedError("this runtime is shutting down and admits no new requests")
@@ -69,6 +85,28 @@ class Engine:
                 self._thread.start()
             self._cond.notify()
         return handle
+
+    def reserve(self) -> Reservation:
+        """Hold the lowest free row for a session until `unreserve`."""
+        with self._cond:
+            if self._closed:
+                raise EngineClosedError("this runtime is shutting down and admits no new sessions")
+            rows = self._free_rows(1)
+            if rows is None:
+                raise RuntimeBusyError(
+                    f"all {len(self._owner)} cache rows are in use (each session holds one); close a session, "
+                    "or re-export with a larger --batch-size"
+                )
+            reservation = Reservation(rows)
+            self._owner[rows] = [reservation]
+            return reservation
+
+    def unreserve(self, reservation: Reservation) -> None:
+        """Give a session's row back; the next request admitted there clears it."""
+        with self._cond:
+            if self._owner[reservation.rows.start] is reservation:
+                self._owner[reservation.rows] = [None]
+            reservation.ids = None
 
     def stop_admitting(self) -> None:
         """New submissions raise EngineClosedError; what is queued or running carries on."""
@@ -137,12 +175,14 @@ class Engine:
             if handle.cancelled:
                 self._waiting.popleft().finish()
                 continue
-            rows = self._free_rows(handle.request.input_ids.shape[0])
+            reservation = handle.reservation
+            rows = reservation.rows if reservation else self._free_rows(handle.request.input_ids.shape[0])
             if rows is None:  # in arrival order: a large request is not overtaken forever
                 self._expire()
                 break
             self._waiting.popleft()
             sequence = Sequence(handle.request, rows)
+            sequence.fed = handle.reuse if reservation else 0
             self._owner[rows] = [sequence] * (rows.stop - rows.start)
             self._running[handle] = sequence
             admitted.append((handle, sequence))
@@ -174,12 +214,34 @@ class Engine:
         return max(0.0, oldest + self.busy_timeout - time.monotonic())
 
     def _release(self, handle: Handle, error: BaseException | None = None) -> None:
-        """Free a request's rows and end its handle; the caller holds the lock."""
+        """Free a request's rows (or hand a session's row back to it) and end its handle; the caller
+        holds the lock."""
         sequence = self._running.pop(handle)
-        rows = sequence.rows
-        self._owner[rows] = [None] * (rows.stop - rows.start)
-        self._clear(rows)
+        rows, reservation = sequence.rows, handle.reservation
+        if reservation is None:
+            self._owner[rows] = [None] * (rows.stop - rows.start)
+            self._clear(rows)
+        else:
+            self._keep(reservation, sequence, error)
         handle.finish(error)
+
+    def _keep(self, reservation: Reservation, sequence: Sequence, error) -> None:
+        """A session's turn ended: its row keeps the tokens whose keys and values it holds (all but the
+        last chosen token, which was never fed), parked where the next turn writes first. After a
+        failure nothing in the row is trusted."""
+        self._owner[reservation.rows] = [reservation]
+        if error is not None:
+            cached = 0
+        elif sequence.decoding:
+            cached = int(self.rows.index[reservation.rows.start]) + 1
+        else:  # cancelled while its prompt was still being prefilled
+            cached = sequence.fed
+        cached = min(cached, self.rows.pad_mask.shape[1] - 1)  # the parked slot must exist; it is lost
+        reservation.ids = sequence.history[:, :cached] if cached else None
+        if cached:
+            self.rows.park(reservation.rows, cached)
+        else:
+            self._clear(reservation.rows)
 
     def _clear(self, rows: slice) -> None:
         """Rows carry nothing from one request to the next: a NaN left in a slot poisons attention even
@@ -194,6 +256,9 @@ class Engine:
         ending in an image, the first token is chosen now). A long text prompt gets its first chunk."""
         r, rows, b = sequence.request, sequence.rows, self.bundle
         try:
+            if sequence.fed:  # a session's row already holds the prompt's first `fed` tokens
+                self._continue(sequence)
+                return
             self._clear(rows)
             if self._chunked(r):
                 self._feed_chunk(sequence)
@@ -207,6 +272,14 @@ class Engine:
         except Exception as e:  # this request fails alone; its rows are cleared for the next
             with self._cond:
                 self._release(handle, e)
+
+    def _continue(self, sequence: Sequence) -> None:
+        """Prefill only the prompt's tokens past those already in the row (text: the caller made sure
+        the new part holds no image), in chunks when chunking is on."""
+        if sequence.fed >= sequence.request.input_ids.shape[1] - 1:
+            self._decode_from(sequence, sequence.request.input_ids.shape[1] - 1)
+        else:
+            self._feed_chunk(sequence)
 
     def _chunked(self, request) -> bool:
         """Chunks continue the cache through aotpack's own masks, which know text only: a prompt with
@@ -238,7 +311,8 @@ class Engine:
         """Prefill the request's next chunk, from token `fed` on: the first from an empty cache, the
         others continuing it. After the last (all but the prompt's last token) the rows decode."""
         r, b, start = sequence.request, self.bundle, sequence.fed
-        end = min(start + self.prefill_chunk, r.input_ids.shape[1] - 1)  # the last token is the step's
+        chunk = self.prefill_chunk or r.input_ids.shape[1]  # a session's continuation may be unchunked
+        end = min(start + chunk, r.input_ids.shape[1] - 1)  # the last token is the step's
         kv = [t[sequence.rows] for t in self.kv]  # views of the request's rows only
         ids, mask = r.input_ids[:, start:end], r.attention_mask[:, :end]
         if start == 0:
@@ -278,7 +352,7 @@ class Engine:
 
     def _emit(self, handle: Handle, sequence: Sequence, scores: torch.Tensor) -> None:
         token = sequence.choose(scores)  # (b,)
-        handle.put(token, scores)
+        handle.put(token, scores, sequence.scores[-1] if sequence.scores else None)
         if sequence.done:
             with self._cond:
                 self._release(handle)

@@ -7,12 +7,11 @@ transformers logits processors and stopping criteria built for it. Running reque
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig
-from transformers.generation import LogitsProcessorList, StopStringCriteria
+from transformers.generation import LogitsProcessorList, StoppingCriteriaList
 
 from runtime import compat
 from runtime.errors import CacheOverflowError, ImageInputError, InvalidInputError
@@ -21,40 +20,61 @@ from runtime.options import check_generator, check_options, check_stop_strings
 # Prefill inputs a processor may return besides input_ids / attention_mask.
 MULTIMODAL_INPUTS = ("pixel_values", "token_type_ids")
 
-# GenerationConfig fields a call may override; each maps onto transformers' own logits processors.
+# GenerationConfig fields a call may set, as keywords or in a `generation_config=`; each maps onto
+# transformers' own logits processors and stopping criteria.
 GENERATE_KWARGS = (
     "max_new_tokens",
     "max_length",
     "min_new_tokens",
+    "max_time",
     "do_sample",
     "temperature",
     "top_k",
     "top_p",
     "min_p",
     "typical_p",
+    "epsilon_cutoff",
+    "eta_cutoff",
     "repetition_penalty",
     "no_repeat_ngram_size",
     "bad_words_ids",
     "suppress_tokens",
+    "begin_suppress_tokens",
     "eos_token_id",
     "pad_token_id",
+    "bos_token_id",
     "stop_strings",  # with the bundle's tokenizer (or `tokenizer=`), through HF's StopStringCriteria
+    "num_return_sequences",
+    "return_dict_in_generate",
+    "output_scores",
+    "output_logits",
+    "use_cache",
+    "num_beams",  # refused unless 1, by name
+    "output_attentions",  # refused unless False
+    "output_hidden_states",
 )
+# What generate() takes besides those: HF's own objects, used as HF uses them.
+OBJECT_KWARGS = ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "tokenizer")
 
 
 @dataclass(frozen=True)
 class Request:
     """One validated generate() call."""
 
-    input_ids: torch.Tensor  # (B, S) int64
+    input_ids: torch.Tensor  # (B, S) int64; B counts num_return_sequences
     attention_mask: torch.Tensor  # (B, S) int64, left padded
     model_inputs: dict  # extra prefill inputs, e.g. pixel_values, token_type_ids
-    config: GenerationConfig  # bundle defaults merged with the call's overrides
+    config: GenerationConfig  # resolved as generate resolves it (runtime.compat.generation_config)
     eos_ids: tuple[int, ...]
     pad_id: int
     generator: torch.Generator | None
     processors: LogitsProcessorList  # transformers' own, built for this call's options
-    stopping: StopStringCriteria | None  # transformers' own, when the call has stop_strings
+    stopping: StoppingCriteriaList  # transformers' own: length, time, stop strings, eos, the caller's
+
+    @property
+    def keeps_scores(self) -> bool:
+        """HF hands stopping criteria the processed scores so far only when it returns them."""
+        return bool(self.config.return_dict_in_generate and self.config.output_scores)
 
 
 def make_request(bundle, input_ids, attention_mask, generator, kwargs: dict) -> Request:
@@ -62,8 +82,7 @@ def make_request(bundle, input_ids, attention_mask, generator, kwargs: dict) -> 
     before any model work, and resolve its options, eos and pad ids exactly as `generate` would."""
     kwargs = dict(kwargs)
     model_inputs = {k: v for k in MULTIMODAL_INPUTS if (v := kwargs.pop(k, None)) is not None}
-    stop_strings = check_stop_strings(kwargs.pop("stop_strings", None))
-    tokenizer = kwargs.pop("tokenizer", None)  # HF's generate takes it for stop_strings; the bundle has its own
+    objects = {k: kwargs.pop(k, None) for k in OBJECT_KWARGS}
     if not bundle.manifest.is_multimodal:
         if "pixel_values" in model_inputs:
             raise ImageInputError(
@@ -71,17 +90,53 @@ def make_request(bundle, input_ids, attention_mask, generator, kwargs: dict) -> 
             )
         model_inputs = {}  # e.g. all-zero token_type_ids from a tokenizer: meaningless to a decoder LM
     check_generator(generator, bundle.manifest.device)
-    config = merge_config(bundle.generation_config, kwargs, bundle.manifest.vocab_size)
-    attention_mask = validate(bundle, input_ids, attention_mask, config)
+    base = objects["generation_config"]
+    config = merge_config(bundle, base, kwargs)
+    # HF's length rule needs to know whether anyone set max_length before the defaults filled it in
+    length_set = any(c is not None and c.max_length is not None for c in (base, bundle.generation_config))
+    input_ids, attention_mask, model_inputs = _expand(bundle, config, input_ids, attention_mask, model_inputs)
+    attention_mask = validate(bundle, input_ids, attention_mask, config, length_set or "max_length" in kwargs)
     if bundle.manifest.is_multimodal:
         check_images(bundle.model.config, input_ids, model_inputs)
     eos_ids, pad = _special_tokens(bundle, config, input_ids.device)
-    try:  # built now, so that an option the processors refuse fails before any model work
-        processors = compat.logits_processors(bundle.model, config, input_ids.shape[1], input_ids.device)
+    processors, stopping = _criteria(bundle, config, attention_mask, objects)
+    return Request(input_ids, attention_mask, model_inputs, config, eos_ids, pad, generator, processors, stopping)
+
+
+def _criteria(bundle, config, attention_mask, objects: dict) -> tuple[LogitsProcessorList, StoppingCriteriaList]:
+    """transformers' processors and stopping criteria, built now so that an option they refuse fails
+    before any model work. The tokenizer (3 s to parse for a 262k vocabulary) loads only for stop strings."""
+    processors = _custom(objects["logits_processor"], LogitsProcessorList, "logits_processor")
+    criteria = _custom(objects["stopping_criteria"], StoppingCriteriaList, "stopping_criteria")
+    tokenizer = objects["tokenizer"] or (bundle.tokenizer if config.stop_strings else None)
+    fn = objects["prefix_allowed_tokens_fn"]
+    if fn is not None and not callable(fn):
+        raise InvalidInputError(f"prefix_allowed_tokens_fn must be callable, got {type(fn).__name__}")
+    try:
+        processors = compat.logits_processors(bundle.model, config, attention_mask, processors, fn)
+        stopping = compat.stopping_criteria(bundle.model, config, criteria, tokenizer)
     except (ValueError, TypeError) as e:
         raise InvalidInputError(f"invalid generation options: {e}") from None
-    stopping = StopStringCriteria(tokenizer or bundle.tokenizer, stop_strings) if stop_strings else None
-    return Request(input_ids, attention_mask, model_inputs, config, eos_ids, pad, generator, processors, stopping)
+    return processors, stopping
+
+
+def _custom(value, kind, name: str):
+    """A caller's processors or criteria: HF's list type, or a plain list of them."""
+    if value is None or isinstance(value, kind):
+        return value
+    if isinstance(value, (list, tuple)) and all(callable(v) for v in value):
+        return kind(value)
+    raise InvalidInputError(f"{name} must be a {kind.__name__} (or a list of callables), got {type(value).__name__}")
+
+
+def _expand(bundle, config, input_ids, attention_mask, model_inputs):
+    """num_return_sequences: each prompt row repeated in place, as generate does (sampling only)."""
+    times = config.num_return_sequences or 1
+    if times == 1 or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        return input_ids, attention_mask, model_inputs
+    extra = model_inputs | ({"attention_mask": attention_mask} if attention_mask is not None else {})
+    input_ids, extra = compat.expand_inputs(bundle.model, times, input_ids, **extra)
+    return input_ids, extra.pop("attention_mask", None), extra
 
 
 def _special_tokens(bundle, config: GenerationConfig, device) -> tuple[tuple[int, ...], int]:
@@ -101,24 +156,46 @@ def _special_tokens(bundle, config: GenerationConfig, device) -> tuple[tuple[int
     return eos_ids, pad
 
 
-def merge_config(defaults: GenerationConfig, overrides: dict, vocab_size: int) -> GenerationConfig:
-    """The bundle's generation config updated with the call's kwargs, as `generate` does; every value is
-    checked first (runtime.options), so transformers never sees one it would misread."""
+def merge_config(bundle, base: GenerationConfig | None, overrides: dict) -> GenerationConfig:
+    """The call's generation config as `generate` resolves it (runtime.compat.generation_config). Every
+    value is checked first (runtime.options), the keywords' and the `generation_config=`'s alike, so
+    transformers never sees one it would misread; what the compiled decode cannot do is refused."""
     unknown = sorted(set(overrides) - set(GENERATE_KWARGS))
     if unknown:
-        raise InvalidInputError(f"unsupported generate() arguments {unknown}; supported: {list(GENERATE_KWARGS)}")
-    overrides = check_options(overrides, vocab_size)
-    config = copy.deepcopy(defaults)
+        supported = sorted(GENERATE_KWARGS + OBJECT_KWARGS)
+        raise InvalidInputError(f"unsupported generate() arguments {unknown}; supported: {supported}")
+    if base is not None and not isinstance(base, GenerationConfig):
+        raise InvalidInputError(f"generation_config must be a transformers.GenerationConfig, got {type(base).__name__}")
+    vocab = bundle.manifest.vocab_size
+    overrides = check_options(overrides, vocab)
+    if base is not None:
+        check_options({k: getattr(base, k, None) for k in GENERATE_KWARGS}, vocab)
     try:
-        config.update(**{k: v for k, v in overrides.items() if v is not None})
+        config = compat.generation_config(bundle.model, base, {k: v for k, v in overrides.items() if v is not None})
         config.validate()
     except (ValueError, TypeError) as e:  # transformers' own option checks, for combinations
         raise InvalidInputError(f"invalid generation options: {e}") from None
+    config.stop_strings = check_stop_strings(config.stop_strings) or None
+    _check_capabilities(config)
     return config
 
 
-def validate(bundle, input_ids, attention_mask, config: GenerationConfig) -> torch.Tensor:
-    """Check a request against the bundle; returns the attention mask (ones when none was given)."""
+def _check_capabilities(config: GenerationConfig) -> None:
+    """What HF's generate does but the compiled decode step cannot, refused by name."""
+    if config.num_beams not in (None, 1):
+        raise InvalidInputError(
+            f"num_beams={config.num_beams}: aotpack decodes greedily or by sampling (no beam search); set num_beams=1"
+        )
+    for name in ("output_attentions", "output_hidden_states"):
+        if getattr(config, name, False):
+            raise InvalidInputError(f"{name}=True: the compiled decode step returns logits only; leave it False")
+    if config.use_cache is False:
+        raise InvalidInputError("use_cache=False: aotpack always decodes from its KV cache; leave use_cache on")
+
+
+def validate(bundle, input_ids, attention_mask, config: GenerationConfig, length_set: bool = True) -> torch.Tensor:
+    """Check a request against the bundle; returns the attention mask (ones when none was given). Sets
+    the config's lengths as `generate` does; `length_set`: max_length came from the call or a config."""
     m = bundle.manifest
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise InvalidInputError(
@@ -146,25 +223,28 @@ def validate(bundle, input_ids, attention_mask, config: GenerationConfig) -> tor
             f"token id {bad} is outside the vocabulary 0..{m.vocab_size - 1}; was it tokenized for another model?"
         )
     attention_mask = _check_mask(input_ids, attention_mask)
-    config.max_new_tokens = new_token_budget(config, seq, bundle.model.config.get_text_config())
+    config.max_new_tokens = new_token_budget(config, seq, bundle.model.config.get_text_config(), length_set)
     _check_options(config, seq, m.max_cache_len)
+    config.max_length = seq + config.max_new_tokens  # as generate sets them: the stopping criteria read these
+    if config.min_new_tokens is not None:
+        config.min_length = seq + config.min_new_tokens
     return attention_mask
 
 
-def new_token_budget(config: GenerationConfig, seq: int, text_config) -> int:
+def new_token_budget(config: GenerationConfig, seq: int, text_config, length_set: bool) -> int:
     """HF generate's length rule: `max_new_tokens` wins; else `max_length` counts the prompt, when the
-    bundle's generation config or the call sets it; else HF's default length is counted after the
-    prompt, capped by the model's position limit."""
+    bundle's generation config or the call sets it; else HF's default length (config.max_length, 20)
+    is counted after the prompt, capped by the model's position limit."""
     if config.max_new_tokens is not None:
         return config.max_new_tokens
-    if config.max_length is not None:
+    if length_set:
         if config.max_length <= seq:
             raise InvalidInputError(
                 f"max_length={config.max_length} counts the prompt, which already has {seq} tokens; "
                 "raise max_length or pass max_new_tokens"
             )
         return config.max_length - seq
-    total = seq + compat.default_max_length()
+    total = seq + config.max_length
     limit = getattr(text_config, "max_position_embeddings", None)
     return (min(total, limit) if limit else total) - seq
 
@@ -206,10 +286,6 @@ def _check_options(config: GenerationConfig, seq: int, max_cache_len: int) -> No
     if config.do_sample and (config.temperature is not None and config.temperature <= 0):
         raise InvalidInputError(
             f"temperature={config.temperature} with do_sample=True; use a temperature > 0, or do_sample=False"
-        )
-    if config.num_beams not in (None, 1):
-        raise InvalidInputError(
-            f"num_beams={config.num_beams}: aotpack decodes greedily or by sampling, set num_beams=1"
         )
 
 

@@ -20,11 +20,14 @@ _END = object()
 class Handle:
     """Iterate for (token ids (b,), raw logits (b, vocab) fp32 or None) per step."""
 
-    def __init__(self, request, want_logits: bool, wake):
+    def __init__(self, request, want_logits: bool, wake, reservation=None, reuse: int = 0):
         self.request = request
         self.want_logits = want_logits
+        self.reservation = reservation  # a session's row (runtime.engine.Reservation), or None: any free rows
+        self.reuse = reuse  # with a reservation: prompt tokens its row already holds
         self.submitted = time.monotonic()
         self.times: list[float] = []  # time.monotonic() of each step's tokens, as the engine produced them
+        self.scores: list[torch.Tensor] = []  # processed scores (b, vocab) per step, when the request keeps them
         self._wake = wake  # tells the engine to look at this handle now
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled = threading.Event()
@@ -32,8 +35,10 @@ class Handle:
         self.error: BaseException | None = None
 
     # ---- the engine's side ----
-    def put(self, token: torch.Tensor, logits: torch.Tensor | None) -> None:
+    def put(self, token: torch.Tensor, logits: torch.Tensor | None, scores: torch.Tensor | None = None) -> None:
         self.times.append(time.monotonic())
+        if scores is not None:
+            self.scores.append(scores)
         self._queue.put((token, logits if self.want_logits else None))
 
     def finish(self, error: BaseException | None = None) -> None:
@@ -82,3 +87,38 @@ class Handle:
         """Wait for the whole generation: (b, S + new) ids, prompt first, as `generate` returns."""
         new = list(self.tokens())
         return torch.cat([self.request.input_ids, torch.stack(new, dim=1)], dim=1)
+
+
+def streamed(handle: Handle, streamer=None):
+    """Iterate `handle`, feeding `streamer` as `generate` does: the prompt, each step's tokens, then
+    `end()`, also when the generation fails or is interrupted, so a consumer iterating the streamer
+    (TextIteratorStreamer in another thread) is never left waiting."""
+    try:
+        if streamer is not None:
+            streamer.put(handle.request.input_ids.cpu())
+        for token, logits in handle:
+            if streamer is not None:
+                streamer.put(token.cpu())
+            yield token, logits
+    finally:
+        if streamer is not None:
+            streamer.end()
+
+
+def collect(handle: Handle, streamer=None):
+    """A whole generation as `generate` returns it: (b, S + new) ids, or with `return_dict_in_generate`
+    transformers' own GenerateDecoderOnlyOutput."""
+    from transformers.generation import GenerateDecoderOnlyOutput
+
+    config, tokens, logits = handle.request.config, [], []
+    for token, step_logits in streamed(handle, streamer):
+        tokens.append(token)
+        logits.append(step_logits)
+    sequences = torch.cat([handle.request.input_ids, torch.stack(tokens, dim=1)], dim=1)  # (b, S + new)
+    if not config.return_dict_in_generate:
+        return sequences
+    return GenerateDecoderOnlyOutput(
+        sequences=sequences,
+        scores=tuple(handle.scores) if config.output_scores else None,
+        logits=tuple(logits) if config.output_logits else None,
+    )

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, fields
 
 from runtime.cache import FULL, SLIDING, LayerLayout
 from runtime.errors import ManifestError
+from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the manifest records it)
 
-AOTPACK_VERSION = "0.3.0"
 # 2: weights stored under module paths (with aliases for tied tensors), quantization, the decode step's
 # GEMV lowerings and the accuracy report.
 # 3: the decode step takes one cache position per row (continuous batching), where format 2 took one

@@ -50,10 +50,37 @@ RULES = {
         "a non-empty list of non-empty lists of token ids",
     ),
     "suppress_tokens": (_ids, "a list of token ids"),
+    "begin_suppress_tokens": (_ids, "a list of token ids"),
+    "bos_token_id": (_int, "a token id"),
+    "max_time": (lambda v: _real(v) and v >= 0, "a number of seconds >= 0"),
+    "epsilon_cutoff": (lambda v: _real(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "eta_cutoff": (lambda v: _real(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "num_return_sequences": (lambda v: _int(v) and v >= 1, "a positive integer"),
+    "num_beams": (lambda v: _int(v) and v >= 1, "a positive integer"),
+    **{
+        name: (lambda v: isinstance(v, bool), "True or False")
+        for name in (
+            "return_dict_in_generate",
+            "output_scores",
+            "output_logits",
+            "use_cache",
+            "output_attentions",
+            "output_hidden_states",
+        )
+    },  # fmt: skip
 }
 
 
-FLOATS = ("temperature", "top_p", "min_p", "typical_p", "repetition_penalty")  # HF's processors want floats
+FLOATS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "repetition_penalty",
+    "max_time",
+    "epsilon_cutoff",
+    "eta_cutoff",
+)  # HF's processors want floats
 
 
 def check_options(options: dict, vocab_size: int) -> dict:
@@ -65,7 +92,7 @@ def check_options(options: dict, vocab_size: int) -> dict:
         accepts, meaning = RULES[name]
         if not accepts(value):
             raise InvalidInputError(f"{name} must be {meaning}, got {value!r:.60}")
-    for name in ("bad_words_ids", "suppress_tokens"):
+    for name in ("bad_words_ids", "suppress_tokens", "begin_suppress_tokens"):
         value = options.get(name)
         ids = [t for w in value for t in w] if name == "bad_words_ids" and value else list(value or [])
         bad = [t for t in ids if not 0 <= t < vocab_size]

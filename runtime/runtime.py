@@ -20,7 +20,7 @@ from runtime.decode import CompiledDecode
 from runtime.engine import Engine
 from runtime.errors import InvalidInputError
 from runtime.generate import Request, make_request
-from runtime.handle import Handle
+from runtime.handle import Handle, collect
 from runtime.manifest import DECODE, Manifest
 from runtime.text import stream_text
 from runtime.weights import build_model
@@ -65,6 +65,7 @@ class Runtime:
         self.layout = m.cache_layout
         self.decode = CompiledDecode(decode_path(self.path), self.model, m, sha256=m.files[DECODE])
         self.generation_config = GenerationConfig.from_pretrained(self.path, local_files_only=True)
+        self.model.generation_config = self.generation_config  # what HF's option resolution reads
         self.engine = Engine(self, busy_timeout, prefill_chunk)  # runs every request, batched
 
     def _build_model(self):
@@ -95,6 +96,23 @@ class Runtime:
 
         return AutoProcessor.from_pretrained(self.path, local_files_only=True)
 
+    # What transformers' pipeline("text-generation", model=rt, tokenizer=rt.tokenizer) reads from a model
+    # besides generate(): it then calls rt.generate like model.generate.
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.manifest.device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(torch, self.manifest.dtype)
+
+    def can_generate(self) -> bool:
+        return True
+
     @property
     def kv(self) -> list[torch.Tensor]:
         """The engine's KV cache, [k0, v0, k1, v1, ...], each (batch_size, kv_heads, slots, head_dim)."""
@@ -121,9 +139,24 @@ class Runtime:
         """Yield next-token ids (B,) as they are produced."""
         yield from self.submit(input_ids, attention_mask, generator, **kwargs).tokens()
 
-    def generate(self, input_ids, attention_mask=None, generator=None, **kwargs) -> torch.Tensor:
-        """Like `model.generate`: returns (B, S + new) ids, prompt first."""
-        return self.submit(input_ids, attention_mask, generator, **kwargs).result()
+    def generate(self, input_ids, attention_mask=None, generator=None, streamer=None, **kwargs):
+        """`model.generate`'s drop-in: (B, S + new) ids, prompt first; with `return_dict_in_generate` a
+        transformers GenerateDecoderOnlyOutput (sequences, and `scores` / `logits` per step when
+        `output_scores` / `output_logits` ask for them). A `streamer` (TextStreamer,
+        TextIteratorStreamer, ...) gets the prompt, then each step's tokens, then `end()`, as in HF."""
+        if streamer is not None and not all(callable(getattr(streamer, m, None)) for m in ("put", "end")):
+            raise InvalidInputError(f"streamer must have put() and end(), as HF streamers do; got {streamer!r:.50}")
+        request = self.request(input_ids, attention_mask, generator, **kwargs)
+        return collect(self.engine.submit(request, want_logits=bool(request.config.output_logits)), streamer)
+
+    def session(self, system: str | None = None, drop_oldest: bool = False):
+        """A multi-turn chat that keeps its KV cache between turns (runtime.session): each `send` prefills
+        only the tokens the chat template added since the last turn. It holds one cache row until
+        closed. `drop_oldest`: when the conversation would overflow the cache, drop the oldest turns
+        instead of raising CacheOverflowError."""
+        from runtime.session import Session
+
+        return Session(self, system, drop_oldest)
 
     def stream(self, input_ids, attention_mask=None, generator=None, **kwargs) -> Iterator[str]:
         """Yield decoded text pieces of a single sequence as they are produced."""

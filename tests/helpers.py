@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+
+from runtime.manifest import MANIFEST, _digest
 
 LOGIT_ATOL = 1e-4  # fp32
 
@@ -126,3 +131,11 @@ def assert_each_matches_lone_generate(model, plan, results) -> None:
 
 GREEDY = {"max_new_tokens": 24, "min_new_tokens": 24, "do_sample": False}
 SAMPLED = {"max_new_tokens": 20, "min_new_tokens": 20, "do_sample": True, "temperature": 0.9, "top_k": 30}
+
+
+def rewrite_manifest(path: Path, **changes) -> None:
+    """Rewrite a bundle's manifest with changed fields and a valid digest (a deliberate, consistent edit)."""
+    raw = json.loads((path / MANIFEST).read_text())
+    raw.pop("digest")
+    raw.update(changes)
+    (path / MANIFEST).write_text(json.dumps(raw | {"digest": _digest(raw)}))

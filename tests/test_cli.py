@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -185,3 +186,84 @@ def test_closed_output_pipe_is_one_line_not_a_traceback(bundle):
     )  # fmt: skip
     assert "model" in done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_help_and_version_do_not_import_torch():
+    """`aotpack --help` and `--version` answer at once: torch and transformers load only for real work."""
+    code = (
+        "import sys\n"
+        "from exporter.cli import main\n"
+        "for argv in (['--help'], ['--version'], ['chat', '--help'], ['export', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print('LOADED', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "LOADED []" in done.stdout
+    assert "aotpack 0." in done.stdout and "torch 2.13" in done.stdout  # --version
+    assert "(default: 2048)" in done.stdout  # defaults shown in --help
+
+
+def test_a_failed_export_leaves_no_empty_folders(tmp_path, capsys):
+    out = tmp_path / "new" / "deeper" / "bundle"
+    assert aotpack(["export", "no-such-preset", "--out", str(out)]) == 2
+    assert "hf download no-such-preset" in _error(capsys)  # a command the installed huggingface_hub has
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.fixture
+def sampling_bundle(bundle, tmp_path):
+    """tiny-llama with generation defaults that sample (as instruction-tuned checkpoints ship)."""
+    import shutil
+
+    from helpers import rewrite_manifest
+
+    from runtime.bundle import sha256
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle("tiny-llama"), copy)
+    config = json.loads((copy / "generation_config.json").read_text())
+    (copy / "generation_config.json").write_text(json.dumps(config | {"do_sample": True, "temperature": 0.9}))
+    files = json.loads((copy / "manifest.json").read_text())["files"]
+    rewrite_manifest(copy, files=files | {"generation_config.json": sha256(copy / "generation_config.json")})
+    return copy
+
+
+def test_run_honours_the_bundles_sampling_defaults_unless_greedy(sampling_bundle, capsys):
+    base = ["run", str(sampling_bundle), "--prompt", "Hi", "--max-new-tokens", "8"]
+    assert aotpack(base + ["--seed", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "sampled]" in err and "load " in err and "tokens/s" in err
+    assert aotpack(base + ["--greedy"]) == 0
+    assert "greedy]" in capsys.readouterr().err
+    assert aotpack(base + ["--greedy", "--top-k", "5"]) == 2
+    assert "--greedy cannot be combined with --top-k" in _error(capsys)
+
+
+def test_export_progress_times_each_stage_and_shows_elapsed_time_on_a_terminal():
+    import io
+    import time as clock
+
+    from exporter.progress import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    lines, screen = [], Tty()
+    progress = Progress(lines.append, out=screen)
+    with progress.stage("trace", "exporting"):
+        pass
+    with progress.stage("compile", "compiling with AOTInductor"):
+        clock.sleep(1.2)  # long enough for the ticker to redraw the elapsed time
+    assert lines == ["exporting", "compiling with AOTInductor"]
+    assert list(progress.timings) == ["trace", "compile"] and progress.timings["compile"] >= 1.2
+    assert re.fullmatch(r"trace 0\.\d s, compile 1\.\d s", progress.summary())
+    assert "compile: 00:01" in screen.getvalue()
+    quiet = Progress(lines.append, out=io.StringIO())
+    with quiet.stage("load", "loading"):
+        pass
+    assert quiet.out.getvalue() == "", "no live display when the output is not a terminal"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_faults import _rewrite
+from helpers import rewrite_manifest
 
 from exporter.cli import main as aotpack
 from exporter.config import ExportConfig
@@ -70,7 +70,7 @@ def test_manifest_describing_other_buffers_than_the_so_is_refused(copy, edit):
     ]
     for layer in raw["cache_layout"]:
         layer["slots"] = min(layer["slots"], raw["max_cache_len"])
-    _rewrite(copy, **{k: v for k, v in raw.items() if k != "digest"})
+    rewrite_manifest(copy, **{k: v for k, v in raw.items() if k != "digest"})
     with pytest.raises(BundleError, match="not what decode.pt2 was compiled for"):
         load(copy)
 
@@ -302,7 +302,7 @@ def test_loads_leave_no_unpacked_package_behind(bundle, copy, tmp_path, monkeypa
     raw = json.loads((copy / MANIFEST).read_text())
     from runtime.bundle import sha256
 
-    _rewrite(copy, files=raw["files"] | {"decode.pt2": sha256(copy / "decode.pt2")})
+    rewrite_manifest(copy, files=raw["files"] | {"decode.pt2": sha256(copy / "decode.pt2")})
     with pytest.raises(BundleError, match="could not be loaded"):
         load(copy)
     assert list(watched.iterdir()) == []

@@ -146,7 +146,8 @@ _values = (
     | st.floats(allow_nan=True, allow_infinity=True) | st.floats(0, 2) | st.text(max_size=4)
     | st.lists(st.integers(-5, 130), max_size=3) | st.lists(st.lists(st.integers(-5, 130), max_size=2), max_size=2)
 )  # fmt: skip
-_names = st.sampled_from(sorted(set(GENERATE_KWARGS) - {"max_length", "stop_strings"}))  # stop: test_engine
+# stop_strings: test_engine; max_time stops by the clock, differently in two runs (test_drop_in)
+_names = st.sampled_from(sorted(set(GENERATE_KWARGS) - {"max_length", "stop_strings", "max_time"}))
 
 
 @given(st.dictionaries(_names, _values, max_size=3), st.sampled_from([None, 42, "cpu", "generator"]))
@@ -162,8 +163,10 @@ def test_any_generate_option_works_like_hf_or_is_an_aotpack_error(bundle, option
         return
     if not options.get("do_sample") and not bundle.generation_config.do_sample:
         budget = {"max_new_tokens": ours.shape[1] - PROMPT.shape[1]}
-        options = {k: float(v) if k in FLOATS and v is not None else v for k, v in options.items()}  # as ours does
-        assert torch.equal(ours, _hf(bundle, PROMPT, **(options | budget | {"do_sample": False})))
+        # as ours does: None means unset (HF itself crashes on some, num_beams=None), integral floats are floats
+        options = {k: float(v) if k in FLOATS else v for k, v in options.items() if v is not None}
+        expected = _hf(bundle, PROMPT, **(options | budget | {"do_sample": False}))
+        assert torch.equal(ours, getattr(expected, "sequences", expected))  # return_dict_in_generate
 
 
 class _ByteTokenizer:

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from test_faults import _rewrite
+from helpers import rewrite_manifest
 
 from exporter.cli import main as aotpack
 from runtime import IntegrityError, load
@@ -63,7 +63,7 @@ def test_replaced_file_with_recomputed_hashes_passes_hashes_but_not_the_signatur
     """The attack hashes cannot stop: replace a file, recompute its hash and the manifest digest."""
     (signed / "tokenizer_config.json").write_text("{}")
     raw = json.loads((signed / MANIFEST).read_text())
-    _rewrite(signed, files=raw["files"] | {"tokenizer_config.json": sha256(signed / "tokenizer_config.json")})
+    rewrite_manifest(signed, files=raw["files"] | {"tokenizer_config.json": sha256(signed / "tokenizer_config.json")})
     open_bundle(signed)  # every hash and the digest agree
     with pytest.raises(IntegrityError, match="does not verify"):
         open_bundle(signed, trusted_keys=[keys["owner"][1]])

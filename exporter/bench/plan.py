@@ -60,6 +60,7 @@ class BenchConfig:
     long_prompt: int = 512  # ...and the prompt admitted while N - 1 of them decode
     prefill_chunk: int = 32  # ...prefilled whole, then in chunks of this many tokens
     serve: bool = False  # `aotpack serve` against `transformers serve` (exporter.bench.serving), N = streams
+    ray: bool = False  # with serve: alone and on Ray Serve with 1 and 2 replicas (exporter.bench.scaleout)
 
     def __post_init__(self):
         if self.prompt_len < 1 or self.new_tokens <= 4:
@@ -70,6 +71,8 @@ class BenchConfig:
             raise BenchError(f"--rounds must be >= 1, got {self.rounds}")
         if self.serve and self.streams is None:
             raise BenchError("--serve needs --streams N: the number of concurrent clients")
+        if self.ray and not self.serve:
+            raise BenchError("--ray compares servers: add --serve and --streams N")
         if self.streams is not None and (self.streams < 2 or len(self.variants) != 1):
             raise BenchError(
                 f"--streams needs N >= 2 and exactly one variant (one --dtype or --quantize), got "
@@ -190,6 +193,10 @@ def machine() -> dict:
 
 
 def bench(config: BenchConfig, log=print) -> dict:
+    if config.ray:
+        from exporter.bench.scaleout import bench_ray
+
+        return bench_ray(config, log)
     if config.serve:
         from exporter.bench.serving import bench_serve
 

@@ -44,19 +44,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def aotpack_command(path: Path, port: int, threads: int, replicas: int | None = None) -> list[str]:
+    """`aotpack serve`, or with `replicas` `aotpack serve --ray` sharing the threads among the replicas."""
+    command = [sys.executable, "-m", "runtime", "serve", str(path), "--port", str(port)]
+    if replicas is None:
+        return command + ["--threads", str(threads)]
+    return command + ["--ray", "--replicas", str(replicas), "--threads", str(max(1, threads // replicas))]
+
+
 def _command(name: str, path: Path, port: int, config: BenchConfig, dtype: str) -> list[str]:
     if name == "aotpack serve":
-        return [
-            sys.executable,
-            "-m",
-            "runtime",
-            "serve",
-            str(path),
-            "--port",
-            str(port),
-            "--threads",
-            str(config.threads),
-        ]
+        return aotpack_command(path, port, config.threads)
     flags = ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", dtype]
     script = Path(sys.executable).parent / "transformers"  # transformers' console script, beside this python
     return [str(script), "serve", str(path), *flags, *HF_SERVERS[name]]
@@ -85,37 +83,50 @@ def _ask(url: str, model: str, prompt: str, new_tokens: int) -> tuple[float, flo
     return first, first - start, tokens, "".join(pieces)
 
 
-def _first_answer(url: str, model: str, prompt: str, new_tokens: int, spawned: float, proc) -> float:
-    """Seconds from spawn to the first token of the first request, retrying until the port accepts."""
+def _first_answer(url: str, model: str, prompt: str, new_tokens: int, spawned: float, proc, log) -> float:
+    """Seconds from spawn to the first token of the first request, retrying until the server answers:
+    the port refuses connections until it listens, and Ray Serve's proxy says 404 or 503 until the
+    application is deployed."""
+    from openai import APIStatusError
+
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")
+            log.seek(0)
+            raise RuntimeError(f"server exited with {proc.returncode}: {log.read()[-2000:]}")
         try:
             return _ask(url, model, prompt, new_tokens)[0] - spawned
+        except APIStatusError as e:
+            if e.status_code not in (404, 503):
+                raise
         except Exception as e:  # noqa: BLE001 (connection refused until the server listens)
             if "Connection" not in type(e).__name__ and "connect" not in str(e).lower():
                 raise
-            time.sleep(0.2)
+        time.sleep(0.2)
 
 
-def measure_server(name: str, path: Path, config: BenchConfig, dtype: str, model: str) -> dict:
-    port, prompts = _free_port(), [f"Tell me a story about the number {i}." for i in range(config.streams)]
+def measure_server(name: str, command: list[str], port: int, config: BenchConfig, model: str) -> dict:
+    """Cold start of the server `command` listening on `port`, then `config.streams` concurrent clients."""
+    prompts = [f"Tell me a story about the number {i}." for i in range(config.streams)]
     spawned = time.time()
+    # stderr goes to a file, not a pipe: nobody reads it while the server runs (Ray's is chatty), and a
+    # full pipe would block the server
+    log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(
-        _command(name, path, port, config, dtype), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        command, stdout=subprocess.DEVNULL, stderr=log, text=True,
         env=os.environ | {"OMP_NUM_THREADS": str(config.threads)},
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        cold = _first_answer(url, model, prompts[0], config.new_tokens, spawned, proc)
-        _ask(url, model, prompts[0], 8)  # warm
-        start = time.time()
+        cold = _first_answer(url, model, prompts[0], config.new_tokens, spawned, proc, log)
         with ThreadPoolExecutor(config.streams) as pool:
+            list(pool.map(lambda p: _ask(url, model, p, 8), prompts))  # warm: every replica, every row
+            start = time.time()
             answers = list(pool.map(lambda p: _ask(url, model, p, config.new_tokens), prompts))
         wall = time.time() - start
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
+        proc.wait(timeout=120)
+        log.close()
     tokens = sum(a[2] for a in answers)
     return {
         "server": name,
@@ -129,19 +140,34 @@ def measure_server(name: str, path: Path, config: BenchConfig, dtype: str, model
 
 
 def bench_serve(config: BenchConfig, log=print) -> dict:
+    threads, variant = config.threads, config.variants[0]
+    servers = {"aotpack serve": lambda bundle, checkpoint, port: (aotpack_command(bundle, port, threads), bundle.name)}
+    for name in HF_SERVERS:  # transformers serve takes the checkpoint, and its model id is the path given
+        servers[name] = lambda bundle, checkpoint, port, name=name: (
+            _command(name, checkpoint, port, config, variant),
+            str(checkpoint),
+        )
+    results = run_servers(config, servers, "aotpack-serve-", log)
+    write_serve_report(results, config.out)
+    return results
+
+
+def run_servers(config: BenchConfig, servers: dict, prefix: str, log) -> dict:
+    """Export one bundle with `config.streams` cache rows, then measure each server in turn. `servers`:
+    name -> launch(bundle, checkpoint, port) -> (command, model id[, extra result fields])."""
     variant = config.variants[0]
     results = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}}
     results |= {"machine": machine(), "variant": variant, "servers": []}
-    with tempfile.TemporaryDirectory(prefix="aotpack-serve-") as tmp, checkpoint_dir(config.model) as checkpoint:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp, checkpoint_dir(config.model) as checkpoint:
         bundle = Path(tmp) / "bundle"
         log(f"[{variant}] exporting a bundle with {config.streams} cache rows")
         results["build_s"] = export_variant(checkpoint, bundle, variant, 512, config.gemv, batch=config.streams)
-        for name in ["aotpack serve", *HF_SERVERS]:
+        for name, launch in servers.items():
             log(f"[{variant}] {name}: cold start, then {config.streams} concurrent streaming clients")
-            path = bundle if name == "aotpack serve" else checkpoint
-            model = Path(path).name if name == "aotpack serve" else str(path)  # transformers serve: the path given
-            results["servers"].append(measure_server(name, path, config, variant, model=model))
-    write_serve_report(results, config.out)
+            port = _free_port()
+            command, model, *extra = launch(bundle, Path(checkpoint), port)
+            result = measure_server(name, command, port, config, model=model)
+            results["servers"].append(result | (extra[0] if extra else {}))
     return results
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from runtime.errors import InvalidInputError
@@ -38,3 +38,49 @@ class ServeConfig:
     @property
     def name(self) -> str:
         return self.model_name or Path(self.bundle).resolve().name
+
+    def replace(self, **changes) -> ServeConfig:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """`--ray`: a fixed replica count, or autoscaling between `min_replicas` and `max_replicas`."""
+
+    replicas: int | None = None  # None with min/max given: autoscaling; all None: one replica
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    address: str | None = None  # an existing cluster ("auto", "ray://host:10001"); None starts a local one
+    labels: tuple[str, ...] = ()  # "KEY=VALUE": replicas go only to nodes started with these labels
+    app_name: str = "aotpack"
+    constructor_retries: int = 3  # a replica that cannot load the bundle will not on a retry either
+
+    def __post_init__(self):
+        scaling = self.min_replicas is not None or self.max_replicas is not None
+        if self.replicas is not None and scaling:
+            raise InvalidInputError("--replicas fixes the count; leave out --min-replicas/--max-replicas, or it")
+        if self.replicas is None and not scaling:
+            object.__setattr__(self, "replicas", 1)
+        if self.replicas is not None and self.replicas < 1:
+            raise InvalidInputError(f"--replicas must be >= 1, got {self.replicas}")
+        if scaling:
+            low, high = self.min_replicas or 0, self.max_replicas
+            if high is None or high < 1 or low < 0 or low > high:
+                raise InvalidInputError(
+                    f"autoscaling needs 0 <= --min-replicas <= --max-replicas and --max-replicas >= 1, "
+                    f"got {self.min_replicas} and {self.max_replicas}"
+                )
+            object.__setattr__(self, "min_replicas", low)
+        for label in self.labels:
+            key, _, value = label.partition("=")
+            if not key or not value:
+                raise InvalidInputError(f"--ray-label {label!r} must be KEY=VALUE, e.g. --ray-label cpu-isa=avx512")
+
+    @property
+    def label_selector(self) -> dict[str, str]:
+        return dict(label.split("=", 1) for label in self.labels)
+
+    def describe(self) -> str:
+        if self.replicas is not None:
+            return f"{self.replicas} replica{'s' if self.replicas > 1 else ''}"
+        return f"{self.min_replicas} to {self.max_replicas} replicas, autoscaling"

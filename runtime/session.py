@@ -1,0 +1,164 @@
+"""Multi-turn chat that keeps its KV cache between turns: `rt.session()`.
+
+Owns: a conversation's messages, the cache row it holds (runtime.engine.Reservation), and deciding how
+much of that row each turn reuses. A turn renders the whole conversation with the chat template, as a
+fresh `generate` would see it, and reuses the longest prefix of those tokens whose keys and values the
+row already holds; only the rest is prefilled (runtime.prefill.prefill_more, via the engine). So a
+turn's output is exactly what a fresh `generate` over the whole conversation gives.
+
+When the template renders an earlier reply as other tokens than were generated (trimmed whitespace,
+say), the reusable prefix ends there. A row whose sliding-window ring has wrapped cannot step back
+more than one token (the older window was overwritten), so it is then prefilled again from the start;
+so is a turn whose new part holds an image (the continuing prefill is text only).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from runtime.errors import CacheOverflowError, InvalidInputError
+from runtime.handle import streamed
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one `send` did: the conversation's tokens, how many came from the cache, how many were
+    prefilled, and how many were generated."""
+
+    prompt_tokens: int
+    reused: int
+    prefilled: int
+    new_tokens: int
+    dropped_turns: int = 0
+
+
+class Session:
+    """A conversation over one cache row of a Runtime. Use as a context manager, or `close()` it: the
+    row is the session's until then."""
+
+    def __init__(self, rt, system: str | None = None, drop_oldest: bool = False):
+        self.rt = rt
+        self.system = system
+        self.drop_oldest = drop_oldest  # when the cache would overflow: drop the oldest turns, or refuse
+        self.messages: list[dict] = []
+        self.last: Turn | None = None
+        self._reservation = rt.engine.reserve()
+        self._release = weakref.finalize(self, rt.engine.unreserve, self._reservation)  # also if never closed
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Give the row back (after the turn in flight, if another thread is in one)."""
+        with self._lock:
+            self._release()
+            self._reservation = None
+
+    def reset(self) -> None:
+        """Forget the conversation (the system prompt stays); the next turn starts from an empty row."""
+        with self._lock:
+            self.messages = []
+            if self._reservation is not None:
+                self._reservation.ids = None
+
+    def send(self, message, images=(), streamer=None, **generate_kwargs) -> str:
+        """Add a user turn (text, or a message dict / list of them) and generate the reply; returns its
+        text. `generate_kwargs` are `generate`'s (max_new_tokens, do_sample, stop_strings, ...); a
+        streamer sees the reply as it is generated. Interrupted (Ctrl-C), the reply so far is kept."""
+        with self._lock:
+            if self._reservation is None:
+                raise InvalidInputError("this session is closed; open another with rt.session()")
+            before = list(self.messages)
+            self.messages += _user_messages(message, images)
+            try:
+                request, dropped = self._request(generate_kwargs)
+            except Exception:
+                self.messages = before  # a refused turn leaves the conversation as it was
+                raise
+            return self._run(request, streamer, dropped)
+
+    def _request(self, generate_kwargs: dict):
+        """The validated request for the conversation; with `drop_oldest`, the oldest turns go until it
+        fits the cache."""
+        dropped = 0
+        while True:
+            try:
+                return self.rt.request(**self._inputs(), **generate_kwargs), dropped
+            except CacheOverflowError:
+                if not (self.drop_oldest and self._drop_oldest_turn()):
+                    raise
+                dropped += 1
+
+    def _run(self, request, streamer, dropped: int) -> str:
+        ids = request.input_ids  # (1, T)
+        reuse = self._reusable(ids, request.model_inputs)
+        handle = self.rt.engine.submit(request, reservation=self._reservation, reuse=reuse)
+        tokens = []
+        try:
+            for token, _ in streamed(handle, streamer):
+                tokens.append(token)
+        finally:  # what the caller saw is the reply, also when interrupted (Ctrl-C)
+            reply = self.rt.tokenizer.decode(torch.cat(tokens).tolist(), skip_special_tokens=True) if tokens else ""
+            if tokens:
+                self.messages.append({"role": "assistant", "content": reply})
+            self.last = Turn(ids.shape[1], reuse, ids.shape[1] - 1 - reuse, len(tokens), dropped)
+        return reply
+
+    def _inputs(self) -> dict:
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        processor = self.rt.processor
+        inputs = processor.apply_chat_template(
+            system + self.messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+        )
+        return dict(inputs)
+
+    def _reusable(self, ids: torch.Tensor, model_inputs: dict) -> int:
+        """How many leading tokens of `ids` the row holds already (at most all but the last, which the
+        decode step takes)."""
+        held = self._reservation.ids
+        if held is None:
+            return 0
+        n = min(held.shape[1], ids.shape[1] - 1)
+        same = (held[0, :n] == ids[0, :n]).long()
+        common = int(same.cumprod(0).sum())
+        if common < held.shape[1] - 1 and self._ring_wrapped(held.shape[1]):
+            return 0
+        if "pixel_values" in model_inputs and self._has_image(ids[0, common:]):
+            return 0
+        return common
+
+    def _ring_wrapped(self, cached: int) -> bool:
+        return any(layer.window and cached > layer.slots for layer in self.rt.layout)
+
+    def _has_image(self, ids: torch.Tensor) -> bool:
+        token = getattr(self.rt.model.config, "image_token_id", None)
+        return token is not None and bool((ids == token).any())
+
+    def _drop_oldest_turn(self) -> bool:
+        """Remove the oldest user turn and what answered it; False when only the newest is left."""
+        starts = [i for i, m in enumerate(self.messages) if m["role"] == "user"]
+        if len(starts) < 2:
+            return False
+        self.messages = self.messages[starts[1] :]
+        return True
+
+
+def _user_messages(message, images) -> list[dict]:
+    if isinstance(message, dict):
+        return [message]
+    if isinstance(message, list):
+        return list(message)
+    if not isinstance(message, str):
+        raise InvalidInputError(f"send() takes text or chat messages, got {type(message).__name__}")
+    if not images:
+        return [{"role": "user", "content": message}]
+    content = [{"type": "image", "image": image} for image in images] + [{"type": "text", "text": message}]
+    return [{"role": "user", "content": content}]
