@@ -93,9 +93,10 @@ def make_request(bundle, input_ids, attention_mask, generator, kwargs: dict) -> 
     base = objects["generation_config"]
     config = merge_config(bundle, base, kwargs)
     # HF's length rule needs to know whether anyone set max_length before the defaults filled it in
-    length_set = any(c is not None and c.max_length is not None for c in (base, bundle.generation_config))
+    lengths = (kwargs.get("max_length"), *(c.max_length for c in (base, bundle.generation_config) if c is not None))
+    length_set = any(length is not None for length in lengths)
     input_ids, attention_mask, model_inputs = _expand(bundle, config, input_ids, attention_mask, model_inputs)
-    attention_mask = validate(bundle, input_ids, attention_mask, config, length_set or "max_length" in kwargs)
+    attention_mask = validate(bundle, input_ids, attention_mask, config, length_set)
     if bundle.manifest.is_multimodal:
         check_images(bundle.model.config, input_ids, model_inputs)
     eos_ids, pad = _special_tokens(bundle, config, input_ids.device)

@@ -92,14 +92,15 @@ class Handle:
 def streamed(handle: Handle, streamer=None):
     """Iterate `handle`, feeding `streamer` as `generate` does: the prompt, each step's tokens, then
     `end()`, also when the generation fails or is interrupted, so a consumer iterating the streamer
-    (TextIteratorStreamer in another thread) is never left waiting."""
+    (TextIteratorStreamer in another thread) is never left waiting. A token reaches the caller before
+    the streamer shows it: interrupted (Ctrl-C), the caller has at least what was shown."""
     try:
         if streamer is not None:
             streamer.put(handle.request.input_ids.cpu())
         for token, logits in handle:
+            yield token, logits
             if streamer is not None:
                 streamer.put(token.cpu())
-            yield token, logits
     finally:
         if streamer is not None:
             streamer.end()

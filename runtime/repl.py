@@ -12,10 +12,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import TextStreamer
-
 from runtime.chat import open_images
 from runtime.errors import AotpackError, InvalidInputError
+from runtime.text import TextPieces
 
 HELP = "/reset clears the conversation, /image PATH attaches an image to your next message (VLM bundles), /exit"
 
@@ -32,21 +31,28 @@ class ChatConfig:
     history: Path | None = Path("~/.aotpack_history")  # readline history; None keeps none
 
 
-class _Printer(TextStreamer):
-    """A reply's text as it is generated, and when its first token came."""
+class _Printer:
+    """A streamer (put/end, as generate feeds one) that prints each token's text as it comes, not a
+    word at a time as transformers' TextStreamer does, and notes when the first token came."""
 
     def __init__(self, tokenizer, out):
-        super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        self.out, self.first = out, None
+        self.pieces, self.out = TextPieces(tokenizer), out
+        self.prompt_seen, self.first = False, None
 
-    def put(self, value):
-        if self.next_tokens_are_prompt is False and self.first is None:
-            self.first = time.perf_counter()
-        super().put(value)
+    def put(self, value) -> None:
+        if not self.prompt_seen:  # generate hands the prompt first
+            self.prompt_seen = True
+            return
+        self.first = self.first or time.perf_counter()
+        self._write(self.pieces.add(int(value.reshape(-1)[0])))
 
-    def on_finalized_text(self, text: str, stream_end: bool = False):
-        self.out.write(text + ("\n" if stream_end else ""))
-        self.out.flush()
+    def end(self) -> None:
+        self._write(self.pieces.finish() + "\n")
+
+    def _write(self, text: str) -> None:
+        if text:
+            self.out.write(text)
+            self.out.flush()
 
 
 def chat(config: ChatConfig, out=sys.stdout) -> int:
