@@ -6,6 +6,7 @@ import os
 import pty
 import re
 import select
+import signal
 import sys
 import time
 
@@ -21,6 +22,9 @@ class Terminal:
         env = os.environ | {"PYTHONUNBUFFERED": "1", "TERM": "dumb", "HOME": os.environ.get("HOME", "/tmp")}
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the pty is its controlling terminal, so Ctrl-C sends it SIGINT
+            # as a shell gives its foreground job: a test run started in the background (`cmd &`)
+            # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execve(sys.executable, [sys.executable, *argv], env)
         self.screen = ""
 
