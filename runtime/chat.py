@@ -124,13 +124,13 @@ def run(config: RunConfig, out=None) -> dict:
     generator = torch.Generator(rt.manifest.device).manual_seed(config.seed) if config.seed is not None else None
     start = time.perf_counter()
     stamps = []
-    tokens = rt.iter_tokens(**inputs, max_new_tokens=config.max_new_tokens, generator=generator, **config.options)
-    for piece in _timed_text(rt.tokenizer, tokens, stamps):
+    handle = rt.submit(**inputs, max_new_tokens=config.max_new_tokens, generator=generator, **config.options)
+    for piece in _timed_text(rt.tokenizer, handle.tokens(), stamps):
         out.write(piece)
         out.flush()
     prefill_ms = (stamps[0] - start) * 1e3
     decode_ms = (stamps[-1] - stamps[0]) * 1e3 / max(len(stamps) - 1, 1)
-    mode = "sampled" if rt.request(**inputs, **config.options).config.do_sample else "greedy"
+    mode = "sampled" if handle.request.config.do_sample else "greedy"
     print(
         f"\n[load {load_s:.2f} s | prefill {prefill_ms:.1f} ms, {inputs['input_ids'].shape[1]} tokens | decode "
         f"{decode_ms:.2f} ms/token ({1e3 / decode_ms if decode_ms else 0:.1f} tokens/s), {len(stamps)} tokens, {mode}]",

@@ -27,6 +27,18 @@ TEXT = "tiny-llama"
 QUESTIONS = [[{"role": "user", "content": f"Question number {i}: why?"}] for i in range(8)]
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM first, whatever happened: the command then tears down the Ray instance it started (a
+    SIGKILL would leave Ray's processes running); SIGKILL only if it does not exit."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=60)
+
+
 def _start(path, log, *options: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "runtime", "serve", str(path), "--ray", "--port", "0", "--threads", "1", *options],
@@ -46,8 +58,7 @@ def cluster(bundle, tmp_path_factory):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, _stderr(log)
     finally:
-        proc.kill()
-        proc.wait(timeout=60)
+        _stop(proc)
         log.close()
 
 
@@ -144,7 +155,7 @@ def test_a_replica_that_cannot_load_the_bundle_fails_with_aotpacks_message(bundl
         try:
             assert proc.wait(timeout=240) == 2
         finally:
-            proc.kill()
+            _stop(proc)
         message = _stderr(log).strip().splitlines()[-1]
     assert message.startswith("aotpack serve: error: the Ray Serve application 'aotpack' did not start: ")
     assert "IncompatibleBundleError: replica on " in message
