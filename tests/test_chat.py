@@ -50,6 +50,15 @@ class Terminal:
                 return False
         return True
 
+    def close(self) -> None:
+        """Kill the child if it is still running (a failed test leaves it waiting for input), reap it."""
+        try:
+            os.kill(self.pid, 9)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(self.fd)
+
     def exit_status(self, timeout: float = 60.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -61,12 +70,21 @@ class Terminal:
         raise AssertionError("the chat did not exit")
 
 
+@pytest.fixture
+def terminal():
+    """terminal(argv) -> a Terminal, closed at the end of the test whatever happened."""
+    opened = []
+    yield lambda argv: opened.append(Terminal(argv)) or opened[-1]
+    for term in opened:
+        term.close()
+
+
 PROMPT = r"\n> $"
 TIMINGS = r"\[(stopped, )?(\d+) tokens from the cache, (\d+) prefilled, .*tokens/s\]"
 
 
-def test_two_turns_reset_and_ctrl_d(bundle):
-    term = Terminal(["-m", "runtime", "chat", str(bundle("tiny-llama")), "--max-new-tokens", "12", "--greedy"])
+def test_two_turns_reset_and_ctrl_d(bundle, terminal):
+    term = terminal(["-m", "runtime", "chat", str(bundle("tiny-llama")), "--max-new-tokens", "12", "--greedy"])
     term.read_until(PROMPT)
     term.type("Why is the sky blue?\r")
     first = re.search(TIMINGS, term.read_until(PROMPT))
@@ -84,13 +102,13 @@ def test_two_turns_reset_and_ctrl_d(bundle):
     assert "Traceback" not in term.screen
 
 
-def test_ctrl_c_stops_the_reply_not_the_program(bundle):
+def test_ctrl_c_stops_the_reply_not_the_program(bundle, terminal):
     """Ctrl-C once the reply has begun: the reply stops, the conversation keeps what was shown, and the
     chat goes on to the next turn. A bundle with a long cache, so that the reply (1500 tokens, seconds
     even for a tiny model) is certainly still running when the key arrives."""
     long = bundle("tiny-llama", "--gemv", "aten", "--max-cache-len", "2048")
     argv = ["-m", "runtime", "chat", str(long), "--max-new-tokens", "1500", "--threads", "1"]
-    term = Terminal(argv + ["--greedy"])
+    term = terminal(argv + ["--greedy"])
     term.read_until(PROMPT)
     term.type("Go on.\r")
     term.read_until(r"Go on\.\r?\n.")  # the echo, then the reply's first text (printed token by token)
