@@ -44,6 +44,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         help="decode-step GEMV kernels: time the candidates on this machine, or take one family untimed",
     )
     e.add_argument("--no-accuracy", action="store_true", help="skip scoring a reduced-precision bundle against float32")
+    e.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also write decode.onnx, the same decode step for ONNX Runtime (load with backend='onnxruntime')",
+    )
     e.add_argument("--sign-key", type=Path, help="sign the bundle with this elliptic-curve private key (PEM)")
     e.add_argument("--force", action="store_true", help="replace an existing bundle once the new one is complete")
     b = sub.add_parser(
@@ -68,6 +73,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         help="llama.cpp's convert_hf_to_gguf.py: adds llama.cpp (if llama_cpp is importable) as a system",
     )
     b.add_argument("--gemv", choices=("tune", "aten", "reduce"), default="tune", help="passed to aotpack export")
+    b.add_argument(
+        "--onnx",
+        action="store_true",
+        help="also decode the float32 bundle on ONNX Runtime (decode.onnx), plain and prepacked",
+    )
     b.add_argument("--prompt-len", type=int, default=32, help="prompt tokens")
     b.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request")
     b.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads of every system")
@@ -123,6 +133,7 @@ def _export(args) -> int:
         accuracy=not args.no_accuracy,
         gemv=args.gemv,
         sign_key=args.sign_key,
+        onnx=args.onnx,
     )
     start = time.perf_counter()
     progress = Progress(
@@ -156,6 +167,7 @@ def _bench(args) -> int:
         prefill_chunk=args.prefill_chunk,
         serve=args.serve,
         ray=args.ray,
+        onnx=args.onnx,
     )
     bench(config, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     report = "ray.md" if args.ray else "serve.md" if args.serve else "streams.md" if args.streams else "bench.md"

@@ -35,6 +35,7 @@ class ExportConfig:
     accuracy: bool = True  # score a reduced-precision bundle against its float32 model
     gemv: str = "tune"  # "tune": time each weight shape's kernels here; "aten"/"reduce": one family, untimed
     sign_key: Path | None = None  # elliptic-curve private key (PEM): sign the bundle (runtime.signing)
+    onnx: bool = False  # also write decode.onnx, the same step for ONNX Runtime (runtime.onnx_decode)
     parity_steps: int = 8
 
     def __post_init__(self):
@@ -53,6 +54,7 @@ class ExportConfig:
         if self.device == "cuda" and self.cpu_isa != "native":
             raise ExportError("--cpu-isa applies to CPU bundles only; drop it for --device cuda")
         self._check_quantization()
+        self._check_onnx()
         if self.gemv not in GEMV_POLICIES:
             raise ExportError(f"--gemv {self.gemv!r} is not supported; choose one of {GEMV_POLICIES}")
         object.__setattr__(self, "out", Path(self.out))
@@ -87,6 +89,18 @@ class ExportConfig:
             )
         if self.group_size is not None and self.group_size not in GROUP_SIZES:
             raise ExportError(f"--group-size {self.group_size!r} is not supported; choose one of {GROUP_SIZES}")
+
+    def _check_onnx(self) -> None:
+        """The ONNX decode is float32 on the CPU: ONNX Runtime's CPU provider has no bfloat16 MatMul, and
+        the quantized decode reads its weights through aotpack's own kernels, which ONNX has no form of."""
+        if not self.onnx:
+            return
+        if self.quantize is not None:
+            raise ExportError(f"--onnx exports float32 decodes only; drop --quantize {self.quantize} or --onnx")
+        if self.dtype != "float32":
+            raise ExportError(f"--onnx exports float32 decodes only; use --dtype float32 (got {self.dtype})")
+        if self.device != "cpu":
+            raise ExportError(f"--onnx exports for ONNX Runtime's CPU provider; use --device cpu (got {self.device})")
 
     @property
     def quant_spec(self) -> QuantSpec | None:

@@ -40,14 +40,25 @@ class TextHead(nn.Module):
 class DecodeStep(nn.Module):
     """input_ids (B, 1), position_ids (B, 1), cache_position (B,), pad_mask (B, L) bool, *kv -> logits (B, vocab).
 
-    Every row is its own sequence at its own cache position: one call advances each by one token."""
+    Every row is its own sequence at its own cache position: one call advances each by one token.
+    With `returns_written` (the ONNX step) it also returns each layer's new keys and values, each
+    (B, kv_heads, 1, head_dim), keys then values per layer: ONNX keeps no in-place update of an input,
+    so the runtime writes them into the cache itself (runtime.cache.write_token)."""
 
-    def __init__(self, lm: nn.Module, layout, is_text_head: bool, additive_mask_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        lm: nn.Module,
+        layout,
+        is_text_head: bool,
+        additive_mask_dtype: torch.dtype | None = None,
+        returns_written: bool = False,
+    ):
         super().__init__()
         self.lm = lm
         self.layout = tuple(layout)
         self.is_text_head = is_text_head
         self.additive_mask_dtype = additive_mask_dtype  # eager attention (no SDPA) adds float masks
+        self.returns_written = returns_written
 
     def forward(self, input_ids, position_ids, cache_position, pad_mask, *kv):
         cache = SlotCache(list(kv), self.layout, cache_position)
@@ -57,4 +68,7 @@ class DecodeStep(nn.Module):
             logits = self.lm(**kwargs)  # (B, 1, vocab)
         else:
             logits = self.lm(**kwargs, logits_to_keep=1).logits  # (B, 1, vocab)
-        return logits[:, -1].float()  # (B, vocab); fp32 like HF generate's scores
+        logits = logits[:, -1].float()  # (B, vocab); fp32 like HF generate's scores
+        if not self.returns_written:
+            return logits
+        return (logits, *(state for layer in cache.layers for state in layer.written))

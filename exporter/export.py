@@ -12,6 +12,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from exporter.constants import constant_sources
 from exporter.landing import land, readable_by_all, signals_abort, staging_dir
 from exporter.lowering import fixed, lower, tune, weight_shapes
 from exporter.model import cache_layout, decode_module, is_multimodal, load_model, text_config
+from exporter.onnx_export import export_onnx
 from exporter.parity import check_parity
 from exporter.progress import Progress
 from exporter.quantize import quantize_model
@@ -34,7 +36,8 @@ from runtime.bundle import sha256
 from runtime.contract import INPUT_NAMES, DecodeContract
 from runtime.decode import CompiledDecode
 from runtime.errors import ExportError
-from runtime.manifest import AOTPACK_VERSION, DECODE, FORMAT_VERSION, MANIFEST, Manifest, Parity
+from runtime.manifest import AOTPACK_VERSION, DECODE, DECODE_ONNX, FORMAT_VERSION, MANIFEST, Manifest, Parity
+from runtime.onnx_decode import OnnxRuntimeDecode
 from runtime.signing import sign
 
 
@@ -81,11 +84,24 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
         aliases = write_model(model, preprocessor, staging)
         manifest = _draft_manifest(config, model, step, layout, package, aliases)
     manifest = replace(manifest, attn_implementation=attention, quantization=quantization, lowerings=lowerings)
+    if config.onnx:
+        with stage("onnx", "exporting the decode step to ONNX (decode.onnx) for ONNX Runtime"):
+            manifest = replace(manifest, onnx=export_onnx(model, layout, contract, staging, aliases))
     with stage("parity", "checking parity against eager generate"):
-        decode = CompiledDecode(package, model, manifest)
-        parity = check_parity(
-            model, decode, layout, tokenizer, config.dtype, config.batch_size, config.parity_steps, config.max_cache_len
+        gate = partial(
+            check_parity,
+            model,
+            layout=layout,
+            tokenizer=tokenizer,
+            dtype=config.dtype,
+            batch=config.batch_size,
+            steps=config.parity_steps,
+            max_cache_len=config.max_cache_len,
         )
+        parity = gate(CompiledDecode(package, model, manifest))
+        if config.onnx:
+            onnx_parity = gate(OnnxRuntimeDecode(staging / DECODE_ONNX, model, manifest), what="ONNX decode")
+            manifest = replace(manifest, onnx=replace(manifest.onnx, parity=onnx_parity))
     return _finish(config, staging, manifest, parity, model, ref, start)
 
 

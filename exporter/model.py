@@ -71,12 +71,13 @@ def cache_layout(model: nn.Module, max_cache_len: int) -> tuple[LayerLayout, ...
     return tuple(layout)
 
 
-def decode_module(model: nn.Module, layout) -> DecodeStep:
-    """The decode step over the text path only: a VLM's vision tower stays out of the graph."""
+def decode_module(model: nn.Module, layout, returns_written: bool = False) -> DecodeStep:
+    """The decode step over the text path only: a VLM's vision tower stays out of the graph.
+    `returns_written`: the ONNX step, which also returns the keys and values it wrote."""
     if not isinstance(model, GenerationMixin):
         raise ExportError(f"{type(model).__name__} has no generation KV cache; aotpack exports decoder LMs only")
     additive = additive_mask_dtype(model)
     if is_multimodal(model.config):
         head = TextHead(model.get_decoder(), model.get_output_embeddings())
-        return DecodeStep(head, layout, is_text_head=True, additive_mask_dtype=additive)
-    return DecodeStep(model, layout, is_text_head=False, additive_mask_dtype=additive)
+        return DecodeStep(head, layout, True, additive, returns_written)
+    return DecodeStep(model, layout, False, additive, returns_written)

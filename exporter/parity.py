@@ -32,7 +32,10 @@ def parity_prompt(tokenizer, batch: int, max_len: int, device) -> tuple[torch.Te
 
 
 @torch.inference_mode()
-def check_parity(model, decode, layout, tokenizer, dtype: str, batch: int, steps: int, max_cache_len: int) -> Parity:
+def check_parity(
+    model, decode, layout, tokenizer, dtype: str, batch: int, steps: int, max_cache_len: int, what="compiled decode"
+) -> Parity:
+    """`decode` (named `what` in the error) against eager generate, teacher-forced."""
     device = next(model.parameters()).device
     ids, mask = parity_prompt(tokenizer, min(batch, 2), max(1, max_cache_len // 2), device)  # leave room to decode
     steps = min(steps, max_cache_len - ids.shape[1])
@@ -54,7 +57,7 @@ def check_parity(model, decode, layout, tokenizer, dtype: str, batch: int, steps
     report = Parity(steps=steps, max_abs_logit_diff=diff, tolerance=tolerance, tokens_match=match)
     if diff > tolerance or (dtype == "float32" and not match):
         raise ExportError(
-            f"parity check failed: compiled decode differs from eager generate by {diff:.3g} "
+            f"parity check failed: {what} differs from eager generate by {diff:.3g} "
             f"(tolerance {tolerance:.3g}), tokens match: {match}; no bundle was written"
         )
     return report

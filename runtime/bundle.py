@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
+from runtime.backend import AOTI, ONNXRUNTIME, check_backend, check_has_backend
 from runtime.errors import BundleError, IncompatibleBundleError, IntegrityError
-from runtime.manifest import DECODE, MANIFEST, Manifest
+from runtime.manifest import MANIFEST, Manifest
 from runtime.signing import SIGNATURE
 
 
@@ -89,8 +90,11 @@ def weight_files(manifest: Manifest) -> list[str]:
     return [name for name in manifest.files if name.endswith(".safetensors")]
 
 
-def check_compatible(manifest: Manifest) -> None:
-    """Refuse a bundle whose compiled decode cannot run correctly in this process."""
+def check_compatible(manifest: Manifest, backend: str = AOTI) -> None:
+    """Refuse a bundle whose decode cannot run correctly in this process. The ONNX decode runs on any
+    torch and CPU (ONNX Runtime's own kernels); only the compiled `.so` is tied to both."""
+    if backend == ONNXRUNTIME:
+        return
     if manifest.torch_version != torch.__version__:
         raise IncompatibleBundleError(
             f"bundle was compiled with torch {manifest.torch_version}, this process has torch {torch.__version__}; "
@@ -144,12 +148,13 @@ def _check_cpu_isa(required: str | None) -> None:
             )
 
 
-def open_bundle(path, defer_weights: bool = False, trusted_keys=None) -> tuple[Path, Manifest]:
-    """Read, check and compatibility-check a bundle; returns (dir, manifest). With `defer_weights`
-    the caller verifies `weight_files(manifest)` itself before the bundle is used. With `trusted_keys`
-    (public-key files) the bundle must carry a signature that verifies with one of them."""
+def open_bundle(path, defer_weights: bool = False, trusted_keys=None, backend: str = AOTI) -> tuple[Path, Manifest]:
+    """Read, check and compatibility-check a bundle for the decode `backend`; returns (dir, manifest).
+    With `defer_weights` the caller verifies `weight_files(manifest)` itself before the bundle is used.
+    With `trusted_keys` (public-key files) the bundle must carry a signature that verifies with one of them."""
     bundle = Path(path)
     manifest = read_manifest(bundle)
+    check_has_backend(manifest, check_backend(backend), bundle)
     check_listing(bundle, manifest)
     if trusted_keys is not None:
         from runtime.signing import verify  # model-signing is an optional extra
@@ -157,9 +162,5 @@ def open_bundle(path, defer_weights: bool = False, trusted_keys=None) -> tuple[P
         verify(bundle, trusted_keys)
     deferred = set(weight_files(manifest)) if defer_weights else set()
     verify_files(bundle, manifest, [name for name in manifest.files if name not in deferred])
-    check_compatible(manifest)
+    check_compatible(manifest, backend)
     return bundle, manifest
-
-
-def decode_path(bundle: Path) -> Path:
-    return bundle / DECODE

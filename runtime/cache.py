@@ -47,6 +47,17 @@ def allocate(layout: tuple[LayerLayout, ...], batch: int, dtype: torch.dtype, de
     return tensors
 
 
+def write_token(keys, values, layout: LayerLayout, cache_position, key_states, value_states) -> None:
+    """Store one decode step's keys and values (B, kv_heads, 1, head_dim) of one layer: row b's token goes
+    to slot `cache_position[b]`, modulo the slot count on a ring (rows stand at different positions).
+    The compiled step does this inside its graph; an ONNX step returns the states and the runtime
+    calls this with them (ONNX drops in-place updates of graph inputs)."""
+    slot = cache_position % layout.slots if layout.kind == SLIDING else cache_position  # (B,)
+    rows = torch.arange(key_states.shape[0], device=key_states.device)  # (B,)
+    keys[rows, :, slot] = key_states[:, :, 0]  # (B, kv_heads, head_dim): one slot per row
+    values[rows, :, slot] = value_states[:, :, 0]
+
+
 class SlotLayer(CacheLayerMixin):
     """A view over one layer's preallocated keys and values.
 
@@ -73,10 +84,8 @@ class SlotLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         if self.cache_position is None:
             return self._continue(key_states, value_states) if self.start else self._prefill(key_states, value_states)
-        slot = self.cache_position % self.layout.slots if self.is_sliding else self.cache_position  # (B,)
-        rows = torch.arange(key_states.shape[0], device=key_states.device)  # (B,)
-        self.keys[rows, :, slot] = key_states[:, :, 0]  # (B, kv_heads, head_dim): one slot per row
-        self.values[rows, :, slot] = value_states[:, :, 0]
+        self.written = (key_states, value_states)  # (B, kv_heads, 1, head_dim): what a portable step returns
+        write_token(self.keys, self.values, self.layout, self.cache_position, key_states, value_states)
         return self.keys, self.values
 
     def _prefill(self, key_states, value_states):

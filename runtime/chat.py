@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from runtime.backend import Backend
 from runtime.bundle import read_manifest
 from runtime.errors import ImageInputError, InvalidInputError
 from runtime.options import check_options
@@ -32,6 +33,7 @@ class RunConfig:
     greedy: bool = False
     seed: int | None = None
     threads: int | None = None
+    backend: Backend = Backend()
 
     def __post_init__(self):
         if not self.prompt:
@@ -118,7 +120,7 @@ def run(config: RunConfig, out=None) -> dict:
         raise ImageInputError(f"--image given, but {config.bundle} is a text-only bundle; drop --image or export a VLM")
     images = open_images(config.images)  # a bad file fails before any loading
     start = time.perf_counter()
-    rt = load(config.bundle, num_threads=config.threads)
+    rt = load(config.bundle, num_threads=config.threads, **config.backend.options())
     inputs = chat_inputs(rt, config.system, config.prompt, images)
     load_s = time.perf_counter() - start
     generator = torch.Generator(rt.manifest.device).manual_seed(config.seed) if config.seed is not None else None

@@ -37,11 +37,15 @@ def add_commands(sub) -> dict:
     _add_sampling(r)
     r.add_argument("--seed", type=int, help="seed of the sampling generator")
     r.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    _add_backend(r)
     _add_chat(sub)
     sub.add_parser("inspect", help="print a bundle's manifest as a summary").add_argument("bundle", type=Path)
     v = sub.add_parser("verify", help="check a bundle without running it", formatter_class=Formatter)
     v.add_argument("bundle", type=Path)
     v.add_argument("--key", type=Path, action="append", help="trusted public key (PEM): require a valid signature")
+    v.add_argument(
+        "--backend", choices=("aoti", "onnxruntime"), default="aoti", help="check compatibility for this decode"
+    )
     _add_serve(sub)
     return {"run": _run, "chat": _chat, "inspect": _inspect, "verify": _verify, "serve": _serve}
 
@@ -51,6 +55,22 @@ def _add_sampling(p) -> None:
     p.add_argument("--top-k", type=int, help="sample from the k most likely tokens")
     p.add_argument("--top-p", type=float, help="sample from the smallest set of tokens with this probability")
     p.add_argument("--greedy", action="store_true", help="decode greedily, whatever the bundle's defaults say")
+
+
+def _add_backend(p) -> None:
+    p.add_argument(
+        "--backend",
+        choices=("aoti", "onnxruntime"),
+        default="aoti",
+        help="decode with the compiled .so, or with the bundle's decode.onnx on ONNX Runtime (export --onnx)",
+    )
+    p.add_argument("--prepack", action="store_true", help="onnxruntime: prepack the weights (faster, a second copy)")
+
+
+def _backend(args):
+    from runtime.backend import Backend
+
+    return Backend(args.backend, args.prepack)
 
 
 def _add_chat(sub) -> None:
@@ -64,6 +84,7 @@ def _add_chat(sub) -> None:
     _add_sampling(c)
     c.add_argument("--drop-oldest", action="store_true", help="when the cache fills, drop the oldest turns")
     c.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    _add_backend(c)
 
 
 def _add_serve(sub) -> None:
@@ -83,6 +104,7 @@ def _add_serve(sub) -> None:
     s.add_argument("--max-image-pixels", type=int, default=16 * 2**20, help="larger images are refused")
     s.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
     s.add_argument("--model-name", help="the model id reported by /v1/models (default: the bundle's folder name)")
+    _add_backend(s)
     r = s.add_argument_group("scale-out on Ray Serve (pip install 'aotpack[ray]')")
     r.add_argument("--ray", action="store_true", help="serve replicas of the bundle through Ray Serve's HTTP proxy")
     r.add_argument("--replicas", type=int, help="a fixed number of replicas (default 1)")
@@ -127,7 +149,7 @@ def _run(args) -> int:
     config = RunConfig(
         bundle=args.bundle, prompt=args.prompt, system=args.system, images=tuple(args.image),
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        greedy=args.greedy, seed=args.seed, threads=args.threads,
+        greedy=args.greedy, seed=args.seed, threads=args.threads, backend=_backend(args),
     )  # fmt: skip
     run(config)
     return 0
@@ -144,7 +166,7 @@ def _chat(args) -> int:
     config = ChatConfig(
         bundle=args.bundle, system=args.system, images=tuple(args.image), max_new_tokens=args.max_new_tokens,
         sampling=sampling_options(args.temperature, args.top_k, args.top_p, args.greedy),
-        drop_oldest=args.drop_oldest, threads=args.threads,
+        drop_oldest=args.drop_oldest, threads=args.threads, backend=_backend(args),
     )  # fmt: skip
     return chat(config)
 
@@ -166,6 +188,7 @@ def _serve(args) -> int:
         api_key=args.api_key if args.api_key is not None else os.environ.get("AOTPACK_API_KEY"),
         prefill_chunk=args.prefill_chunk or None, threads=args.threads, max_body_bytes=args.max_body_bytes,
         max_image_pixels=args.max_image_pixels, shutdown_grace=args.shutdown_grace, model_name=args.model_name,
+        backend=_backend(args),
     )  # fmt: skip
     if ray is None:
         serve(config)
@@ -209,9 +232,12 @@ def _inspect(args) -> int:
 def _verify(args) -> int:
     from runtime.bundle import open_bundle
 
-    _, manifest = open_bundle(args.bundle, trusted_keys=args.key)
+    _, manifest = open_bundle(args.bundle, trusted_keys=args.key, backend=args.backend)
     signed = f", signature verified with {len(args.key)} trusted key(s)" if args.key else ""
-    print(f"{args.bundle}: OK ({len(manifest.files)} files verified{signed}, compatible with this machine)")
+    print(
+        f"{args.bundle}: OK ({len(manifest.files)} files verified{signed}, its {args.backend} decode is "
+        "compatible with this machine)"
+    )
     return 0
 
 

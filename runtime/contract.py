@@ -76,6 +76,16 @@ class DecodeContract:
         sizes = {BATCH: batch, CACHE_LEN: self.max_cache_len}
         return tuple(sizes.get(d, d) for d in spec.shape)
 
+    def kv_names(self, prefix: str = "") -> list[str]:
+        """The KV tensors' names in the ONNX step, in call order: key0, value0, key1, ... (`prefix`
+        "new_" names its outputs, the keys and values it wrote)."""
+        return [f"{prefix}{kind}{i}" for i in range(len(self.layout)) for kind in ("key", "value")]
+
+    def onnx_names(self) -> tuple[list[str], list[str]]:
+        """(input names, output names) of the ONNX step: STEP_INPUTS and the cache; the logits and
+        the keys and values written, each (batch, kv_heads, 1, head_dim)."""
+        return [*INPUT_NAMES, *self.kv_names()], ["logits", *self.kv_names("new_")]
+
     def kv_shapes(self, batch: int) -> list[tuple[int, ...]]:
         return [(batch, layer.num_kv_heads, layer.slots, layer.head_dim) for layer in self.layout for _ in range(2)]
 
@@ -123,11 +133,12 @@ class DecodeContract:
             bad = low if low < 0 else high
             raise InvalidInputError(f"cache_position {bad} is outside the cache's 0..{self.max_cache_len - 1}")
 
-    def check_package(self, metadata: dict) -> None:
-        """The `.pt2` was compiled for exactly this signature (its metadata carries the fingerprint)."""
+    def check_package(self, metadata: dict, artifact: str = "decode.pt2") -> None:
+        """The `.pt2` (or decode.onnx) was built for exactly this signature (its metadata carries the
+        fingerprint)."""
         if metadata.get(METADATA_KEY) != self.fingerprint():
             raise BundleError(
-                "the manifest's cache layout, batch size, max_cache_len or dtype is not what decode.pt2 was "
+                f"the manifest's cache layout, batch size, max_cache_len or dtype is not what {artifact} was "
                 "compiled for; the bundle is inconsistent, re-export it"
             )
 

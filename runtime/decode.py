@@ -23,13 +23,13 @@ from runtime.errors import BundleError, IntegrityError
 from runtime.manifest import Manifest
 
 
-def lend_constants(model: nn.Module, manifest: Manifest) -> dict[str, torch.Tensor]:
+def lend_constants(model: nn.Module, constants, device: str) -> dict[str, torch.Tensor]:
     """Map each compiled constant to the eager model's own tensor, refusing any that differs in
-    dtype, shape or device from what the .so was compiled for (the .so would misread it)."""
+    dtype, shape or device from what the decode was compiled for (it would misread it)."""
     tensors = {}
-    for const in manifest.constants:
+    for const in constants:
         tensor = _eager_tensor(model, const)
-        expected = (getattr(torch, const.dtype), tuple(const.shape), manifest.device)
+        expected = (getattr(torch, const.dtype), tuple(const.shape), device)
         found = (tensor.dtype, tuple(tensor.shape), tensor.device.type)
         if found != expected:
             raise BundleError(
@@ -61,7 +61,7 @@ class CompiledDecode:
         exactly the verified bytes, even if the bundle's file is replaced meanwhile."""
         self.manifest = manifest
         self.contract = DecodeContract.of(manifest)
-        constants = lend_constants(model, manifest)
+        constants = lend_constants(model, manifest.constants, manifest.device)
         with _private_copy(Path(package), sha256) as private:
             try:
                 self._loader = compat.load_aoti_package(str(private))
@@ -85,6 +85,15 @@ class CompiledDecode:
         return self._run(inputs)[0]
 
 
+def verified_bytes(path: Path, sha256: str | None) -> bytes:
+    """The file's bytes, checked against `sha256` (the manifest's entry): what is then loaded is exactly
+    what was verified, even if the bundle's file is replaced meanwhile."""
+    data = path.read_bytes()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise IntegrityError(f"{path.name} changed after it was verified; re-verify or re-export the bundle")
+    return data
+
+
 @contextmanager
 def _private_copy(package: Path, sha256: str | None):
     """The package's bytes, checked against `sha256`, in a fresh private directory that is also where
@@ -94,9 +103,7 @@ def _private_copy(package: Path, sha256: str | None):
     private = Path(tempfile.mkdtemp(prefix="aotpack-decode-"))
     previous = os.environ.get("TMPDIR")
     try:
-        data = package.read_bytes()
-        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-            raise IntegrityError(f"{package.name} changed after it was verified; re-verify or re-export the bundle")
+        data = verified_bytes(package, sha256)
         copy = private / package.name
         copy.write_bytes(data)
         os.environ["TMPDIR"] = str(private)

@@ -62,6 +62,10 @@ class Handle:
             self._cancelled.set()
             self._wake()
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until the engine has released the request (a cancelled one at its next step); True once it has."""
+        return self._finished.wait(timeout)
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
         try:
             while (item := self._get()) is not _END:

@@ -19,11 +19,14 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # GEMV lowerings and the accuracy report.
 # 3: the decode step takes one cache position per row (continuous batching), where format 2 took one
 # for the whole batch; the .so of an older bundle cannot serve independent rows, so it is re-exported.
-FORMAT_VERSION = 3
-SUPPORTED_VERSIONS = frozenset({3})
+# 4: an optional portable decode (`onnx`: decode.onnx, run by ONNX Runtime). A format 3 manifest reads
+# as one without it: its decode.pt2 is the same.
+FORMAT_VERSION = 4
+SUPPORTED_VERSIONS = frozenset({3, 4})
 
 MANIFEST = "manifest.json"
 DECODE = "decode.pt2"
+DECODE_ONNX = "decode.onnx"
 WEIGHTS = "model.safetensors"
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -50,6 +53,23 @@ class Parity:
     max_abs_logit_diff: float
     tolerance: float
     tokens_match: bool
+
+
+@dataclass(frozen=True)
+class OnnxDecode:
+    """The same decode step as an ONNX graph (`export --onnx`), run by ONNX Runtime instead of the .so.
+
+    It takes the compiled step's inputs under the same names, the KV tensors named `key{i}`/`value{i}`,
+    and returns `logits` plus each layer's new keys and values (`new_key{i}`, `new_value{i}`), which the
+    runtime writes into the cache. Its weights are not a second copy: each large initializer is
+    external data inside model.safetensors (offset and length), so decode.onnx alone loads in any ONNX
+    Runtime next to the bundle's weights, and aotpack's runtime lends it the eager model's tensors."""
+
+    file: str  # DECODE_ONNX
+    opset: int
+    onnxruntime_version: str  # the ONNX Runtime its parity gate ran on
+    initializers: tuple[Constant, ...]  # the graph's initializers held in model.safetensors
+    parity: Parity
 
 
 @dataclass(frozen=True)
@@ -114,6 +134,7 @@ class Manifest:
     build_seconds: float
     built_at: str  # ISO 8601, UTC
     parity: Parity
+    onnx: OnnxDecode | None = None  # the portable decode, when exported with --onnx (format 4)
 
     def to_json(self) -> str:
         """JSON with a `digest` of the content: manifest.json holds every other file's hash, so its
@@ -138,6 +159,10 @@ class Manifest:
             raise ManifestError(
                 "manifest.json does not match its digest: it was edited or corrupted; re-export the bundle"
             )
+        if version == 3:  # format 3 had no portable decode
+            if "onnx" in raw:
+                raise ManifestError("a format 3 manifest has no onnx entry; re-export the bundle")
+            raw["onnx"] = None
         return _build(cls, raw)
 
 
@@ -190,6 +215,7 @@ def _build(cls, raw: dict) -> Manifest:
         data["quantization"] = _optional(_quantization, raw["quantization"])
         data["lowerings"] = tuple(_lowering(x) for x in _list(raw["lowerings"]))
         data["accuracy"] = _optional(lambda x: _record(Accuracy, x), raw["accuracy"])
+        data["onnx"] = _optional(_onnx, raw["onnx"])
         data["weight_aliases"] = _str_map(raw["weight_aliases"])
         data["files"] = _str_map(raw["files"])
         for key in ("cache_bytes", "decode_inputs"):
@@ -229,6 +255,13 @@ def _lowering(raw) -> Lowering:
     ):
         raise TypeError("lowering gb_per_s must map candidate names to numbers")
     return _record(Lowering, raw)
+
+
+def _onnx(raw) -> OnnxDecode:
+    if not isinstance(raw, dict):
+        raise TypeError(f"onnx must be a JSON object, got {type(raw).__name__}")
+    initializers = tuple(_constant(c) for c in _list(raw.get("initializers")))
+    return _record(OnnxDecode, raw | {"initializers": initializers, "parity": _record(Parity, raw.get("parity"))})
 
 
 def _constant(raw) -> Constant:
@@ -287,6 +320,8 @@ def _check_values(m: Manifest) -> None:
             raise ManifestError(f"manifest cache_bytes entry {nbytes!r} does not match its layer ({expected} bytes)")
     if m.quantization is not None:
         _check_quantization(m.quantization)
+    if m.onnx is not None and (m.onnx.file != DECODE_ONNX or DECODE_ONNX not in m.files):
+        raise ManifestError(f"manifest onnx entry names {m.onnx.file!r}, not a listed {DECODE_ONNX}; re-export it")
     for lowering in m.lowerings:
         if lowering.gb_per_s and lowering.chosen not in lowering.gb_per_s:
             raise ManifestError(

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.backend import Backend
 from runtime.chat import open_images
 from runtime.errors import AotpackError, InvalidInputError
 from runtime.text import TextPieces
@@ -28,6 +29,7 @@ class ChatConfig:
     sampling: dict | None = None  # generate() options from the command line; None keeps the bundle's
     drop_oldest: bool = False
     threads: int | None = None
+    backend: Backend = Backend()
     history: Path | None = Path("~/.aotpack_history")  # readline history; None keeps none
 
 
@@ -60,7 +62,7 @@ def chat(config: ChatConfig, out=sys.stdout) -> int:
 
     images = open_images(config.images)  # a bad file fails before any loading
     start = time.perf_counter()
-    rt = load(config.bundle, num_threads=config.threads)
+    rt = load(config.bundle, num_threads=config.threads, **config.backend.options())
     rt.processor  # noqa: B018 (loaded now: the first turn should not pay for it)
     if images and not rt.manifest.is_multimodal:
         raise InvalidInputError(f"--image given, but {config.bundle} is a text-only bundle")

@@ -15,28 +15,37 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
-from runtime.bundle import decode_path, open_bundle, verify_files, weight_files
-from runtime.decode import CompiledDecode
+from runtime.backend import AOTI, Backend, open_decode
+from runtime.bundle import open_bundle, verify_files, weight_files
 from runtime.engine import Engine
 from runtime.errors import InvalidInputError
 from runtime.generate import Request, make_request
 from runtime.handle import Handle, collect
-from runtime.manifest import DECODE, Manifest
+from runtime.manifest import Manifest
 from runtime.text import stream_text
 from runtime.weights import build_model
 
 
 def load(
-    path, num_threads: int | None = None, busy_timeout: float = 300.0, trusted_keys=None, prefill_chunk=None
+    path,
+    num_threads: int | None = None,
+    busy_timeout: float = 300.0,
+    trusted_keys=None,
+    prefill_chunk=None,
+    backend: str = AOTI,
+    prepack: bool = False,
 ) -> Runtime:
-    """Verify and load a bundle directory. `num_threads` sets torch's (and the compiled decode's) threads;
+    """Verify and load a bundle directory. `num_threads` sets torch's (and the decode's) threads;
     a generation waits at most `busy_timeout` seconds for free cache rows (runtime.engine). With
     `trusted_keys` (public-key PEM files) only a bundle signed by one of them loads (runtime.signing).
     `prefill_chunk`: prefill text prompts longer than this a chunk per decode step, so that a long
-    prompt delays the other requests' next tokens by one chunk at a time (None: whole prompts)."""
+    prompt delays the other requests' next tokens by one chunk at a time (None: whole prompts).
+    `backend`: "aoti", the compiled `.so` (needs the torch and CPU it was built for), or "onnxruntime",
+    the bundle's decode.onnx (`export --onnx`; any torch, any CPU). `prepack` (onnxruntime only): let
+    ONNX Runtime prepack its weights, faster but a second copy of them."""
     if num_threads is not None:
         torch.set_num_threads(check_threads(num_threads))  # the .so has dynamic threads: this governs it too
-    return Runtime(path, busy_timeout, trusted_keys, check_chunk(prefill_chunk))
+    return Runtime(path, busy_timeout, trusted_keys, check_chunk(prefill_chunk), Backend(backend, prepack))
 
 
 def check_chunk(chunk):
@@ -58,12 +67,21 @@ class Runtime:
     """A loaded bundle. Its engine (runtime.engine) owns the KV cache's rows and runs every request,
     from any thread, batched with the others."""
 
-    def __init__(self, path, busy_timeout: float = 300.0, trusted_keys=None, prefill_chunk: int | None = None):
-        self.path, self.manifest = open_bundle(Path(path), defer_weights=True, trusted_keys=trusted_keys)
+    def __init__(
+        self,
+        path,
+        busy_timeout: float = 300.0,
+        trusted_keys=None,
+        prefill_chunk: int | None = None,
+        backend: Backend | None = None,
+    ):
+        backend = backend or Backend()
+        self.path, self.manifest = open_bundle(Path(path), True, trusted_keys, backend.name)
         m: Manifest = self.manifest
+        self.backend = backend
         self.model = self._build_model()  # the weights are verified before this returns
         self.layout = m.cache_layout
-        self.decode = CompiledDecode(decode_path(self.path), self.model, m, sha256=m.files[DECODE])
+        self.decode = open_decode(backend, self.path, self.model, m)
         self.generation_config = GenerationConfig.from_pretrained(self.path, local_files_only=True)
         self.model.generation_config = self.generation_config  # what HF's option resolution reads
         self.engine = Engine(self, busy_timeout, prefill_chunk)  # runs every request, batched

@@ -106,6 +106,10 @@ class Session:
             for token, _ in streamed(handle, streamer):
                 tokens.append(token)
         finally:  # what the caller saw is the reply, also when interrupted (Ctrl-C)
+            # Interrupted, the request is only cancelled: the engine records what the row holds when it
+            # releases it, before its next step. The next turn reads that record, so wait for it (a turn
+            # sent at once found the record of the turn before and reused nothing).
+            handle.wait()
             reply = self.rt.tokenizer.decode(torch.cat(tokens).tolist(), skip_special_tokens=True) if tokens else ""
             if tokens:
                 self.messages.append({"role": "assistant", "content": reply})

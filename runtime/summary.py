@@ -43,6 +43,7 @@ def summary(m: Manifest, sizes: dict[str, int] | None = None) -> str:
         f"{len(m.constants)} weight constants lent from the eager model",
         f"parity       {m.parity.steps} steps, max |Δlogit| {m.parity.max_abs_logit_diff:.2e} "
         f"(tolerance {m.parity.tolerance:.2e}), tokens match: {m.parity.tokens_match}",
+        *_onnx_lines(m),
         *_quantization_lines(m),
         *_lowering_lines(m),
         "files",
@@ -51,6 +52,17 @@ def summary(m: Manifest, sizes: dict[str, int] | None = None) -> str:
         size = f"{human(sizes[name]):>10}  " if sizes and name in sizes else ""
         lines.append(f"  {size}{name}  sha256 {digest[:16]}…")
     return "\n".join(lines)
+
+
+def _onnx_lines(m: Manifest) -> list[str]:
+    o = m.onnx
+    if o is None:
+        return ["onnx         none (export with --onnx for the onnxruntime backend)"]
+    return [
+        f"onnx         {o.file} (opset {o.opset}), {len(o.initializers)} weights read from model.safetensors; "
+        f"parity on ONNX Runtime {o.onnxruntime_version}: max |Δlogit| {o.parity.max_abs_logit_diff:.2e}, "
+        f"tokens match: {o.parity.tokens_match}"
+    ]
 
 
 def _quantization_lines(m: Manifest) -> list[str]:

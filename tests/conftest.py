@@ -21,6 +21,7 @@ from exporter.presets import build_preset  # noqa: E402
 
 MAX_CACHE_LEN = 160
 BATCH = 4
+DEFAULT_OPTIONS = ("--gemv", "aten", "--onnx")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,12 +44,13 @@ def bundle(tmp_path_factory, checkpoint):
     """bundle(name, *options) -> bundle directory exported by `aotpack export` (once per session and options).
 
     Without options the decode step keeps ATen's GEMV (`--gemv aten`): a fused-reduction decode graph
-    takes about 2.5x longer to compile, so only the bundles that test those kernels pay for them."""
+    takes about 2.5x longer to compile, so only the bundles that test those kernels pay for them. And it
+    carries the ONNX decode too (`--onnx`, seconds beside the compile), which `onnx_runtime` loads."""
 
     def export(name: str, *options: str):
         out = tmp_path_factory.mktemp(f"bundle-{name}") / "bundle"
         args = ["export", str(checkpoint(name)), "--out", str(out), "--max-cache-len", str(MAX_CACHE_LEN)]
-        options = options or ("--gemv", "aten")
+        options = options or DEFAULT_OPTIONS
         assert aotpack(args + ["--batch-size", str(BATCH), *options]) == 0
         return out
 
@@ -61,6 +63,14 @@ def runtime(bundle):
     from runtime import load
 
     return functools.cache(lambda name, *options: load(bundle(name, *options)))
+
+
+@pytest.fixture(scope="session")
+def onnx_runtime(bundle):
+    """onnx_runtime(name) -> bundle(name) loaded with the onnxruntime backend (its decode.onnx), shared."""
+    from runtime import load
+
+    return functools.cache(lambda name: load(bundle(name), backend="onnxruntime"))
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from runtime import (
     load,
 )
 from runtime.bundle import open_bundle
-from runtime.manifest import MANIFEST
+from runtime.manifest import MANIFEST, _digest
 
 BASE = "tiny-llama"
 
@@ -44,7 +44,7 @@ def _files(bundle) -> list[str]:
     return sorted(json.loads((bundle(BASE) / MANIFEST).read_text())["files"]) + [MANIFEST]
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(9))
 def test_one_flipped_byte_in_each_file(bundle, copy, index):
     names = _files(bundle)
     if index >= len(names):
@@ -59,10 +59,10 @@ def test_one_flipped_byte_in_each_file(bundle, copy, index):
 
 
 def test_bundle_has_the_files_the_cases_cover(bundle):
-    assert len(_files(bundle)) <= 8
+    assert len(_files(bundle)) <= 9
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(9))
 def test_each_file_deleted(bundle, copy, index):
     names = _files(bundle)
     if index >= len(names):
@@ -81,15 +81,28 @@ def test_truncated_pt2(copy):
 
 def test_unknown_format_version_names_both(copy):
     rewrite_manifest(copy, format_version=99)
-    with pytest.raises(ManifestError, match=r"format_version 99 .* reads \[3\]"):
+    with pytest.raises(ManifestError, match=r"format_version 99 .* reads \[3, 4\]"):
         load(copy)
 
 
 def test_a_format_2_bundle_is_refused_with_re_export(copy):
     """Format 2's decode step took one cache position for the whole batch: it cannot serve independent rows."""
     rewrite_manifest(copy, format_version=2)
-    with pytest.raises(ManifestError, match=r"format_version 2 .* reads \[3\]; re-export"):
+    with pytest.raises(ManifestError, match=r"format_version 2 .* reads \[3, 4\]; re-export"):
         load(copy)
+
+
+def test_a_format_3_bundle_still_loads(copy):
+    """Format 4 added the optional ONNX decode; a format 3 bundle (no decode.onnx, no `onnx` entry) has the
+    same decode.pt2 and runs as it did."""
+    raw = json.loads((copy / MANIFEST).read_text())
+    (copy / "decode.onnx").unlink()
+    del raw["digest"], raw["onnx"]
+    raw |= {"format_version": 3, "files": {n: d for n, d in raw["files"].items() if n != "decode.onnx"}}
+    (copy / MANIFEST).write_text(json.dumps(raw | {"digest": _digest(raw)}))
+    rt = load(copy)
+    assert rt.manifest.onnx is None and rt.manifest.format_version == 3
+    assert rt.generate(IDS, max_new_tokens=4).shape == (1, IDS.shape[1] + 4)
 
 
 def test_wrong_hash(copy):

@@ -53,9 +53,10 @@ def test_pad_id_outside_the_vocabulary_is_refused_before_the_so_sees_it(runtime,
     ],
     ids=["fewer slots", "larger batch", "shorter cache"],
 )
-def test_manifest_describing_other_buffers_than_the_so_is_refused(copy, edit):
+@pytest.mark.parametrize("backend", ["aoti", "onnxruntime"])
+def test_manifest_describing_other_buffers_than_the_so_is_refused(copy, edit, backend):
     """A consistent edit (hashes and digest recomputed) corrupted the heap: the .so carries the
-    fingerprint of what it was compiled for, and load() compares."""
+    fingerprint of what it was compiled for, and load() compares; so does decode.onnx."""
     raw = json.loads((copy / MANIFEST).read_text())
     edit(raw)
     dtype = {"float32": 4}[raw["dtype"]]
@@ -71,8 +72,9 @@ def test_manifest_describing_other_buffers_than_the_so_is_refused(copy, edit):
     for layer in raw["cache_layout"]:
         layer["slots"] = min(layer["slots"], raw["max_cache_len"])
     rewrite_manifest(copy, **{k: v for k, v in raw.items() if k != "digest"})
-    with pytest.raises(BundleError, match="not what decode.pt2 was compiled for"):
-        load(copy)
+    artifact = "decode.pt2" if backend == "aoti" else "decode.onnx"
+    with pytest.raises(BundleError, match=f"not what {artifact} was compiled for"):
+        load(copy, backend=backend)
 
 
 # ---- silent wrong results -------------------------------------------------------------------------

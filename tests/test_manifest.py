@@ -12,7 +12,18 @@ from hypothesis import strategies as st
 
 from runtime.cache import FULL, SLIDING, LayerLayout
 from runtime.errors import ManifestError
-from runtime.manifest import FORMAT_VERSION, Accuracy, Constant, Lowering, Manifest, Parity, Quantization, _digest
+from runtime.manifest import (
+    FORMAT_VERSION,
+    SUPPORTED_VERSIONS,
+    Accuracy,
+    Constant,
+    Lowering,
+    Manifest,
+    OnnxDecode,
+    Parity,
+    Quantization,
+    _digest,
+)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -45,6 +56,21 @@ lowerings = st.builds(
     st.integers(1, 4096),
     st.dictionaries(names, st.floats(0, 100), max_size=3),
 )
+constants = st.builds(
+    Constant,
+    st.text(max_size=10),
+    st.text(max_size=10),
+    st.none() | st.text(max_size=10),
+    st.sampled_from(["float32", "bfloat16"]),
+    st.lists(st.integers(0, 4096), max_size=3).map(tuple),
+)
+parities = st.builds(Parity, st.integers(0, 100), st.floats(0, 1), st.floats(0, 1), st.booleans())
+onnx_decodes = st.none() | st.builds(
+    lambda opset, initializers, parity: OnnxDecode("decode.onnx", opset, "1.32.0", tuple(initializers), parity),
+    st.integers(1, 30),
+    st.lists(constants, max_size=3),
+    parities,
+)
 accuracies = st.none() | st.builds(
     Accuracy, st.integers(1, 512), st.floats(1, 1e4), st.floats(1, 1e4), st.integers(0, 256), st.floats(0, 1)
 )
@@ -55,6 +81,7 @@ def manifests(draw):
     layout = tuple(draw(st.lists(layers, min_size=1, max_size=6)))
     dtype = draw(st.sampled_from(["float32", "bfloat16", "float16"]))
     batch = draw(st.integers(1, 64))
+    onnx = draw(onnx_decodes)
     return Manifest(
         format_version=FORMAT_VERSION,
         aotpack_version="0.2.0",
@@ -73,30 +100,18 @@ def manifests(draw):
         cache_layout=layout,
         cache_bytes=tuple(layer.nbytes(batch, getattr(torch, dtype)) for layer in layout),
         decode_inputs=("input_ids", "position_ids", "cache_position", "pad_mask"),
-        constants=tuple(
-            draw(
-                st.lists(
-                    st.builds(
-                        Constant,
-                        st.text(max_size=10),
-                        st.text(max_size=10),
-                        st.none() | st.text(max_size=10),
-                        st.sampled_from(["float32", "bfloat16"]),
-                        st.lists(st.integers(0, 4096), max_size=3).map(tuple),
-                    ),
-                    max_size=4,
-                )
-            )
-        ),
+        constants=tuple(draw(st.lists(constants, max_size=4))),
         weight_aliases=draw(st.dictionaries(names, names, max_size=2)),
         quantization=draw(quantizations),
         lowerings=tuple(draw(st.lists(lowerings, max_size=3))),
         accuracy=draw(accuracies),
         files={"decode.pt2": "ab" * 32}
+        | ({"decode.onnx": "cd" * 32} if onnx else {})
         | draw(st.dictionaries(st.text(min_size=1, max_size=10), st.text(max_size=64), max_size=4)),
         build_seconds=draw(st.floats(0, 1e6)),
         built_at="2026-11-29T00:00:00+00:00",
-        parity=Parity(draw(st.integers(0, 100)), draw(st.floats(0, 1)), draw(st.floats(0, 1)), draw(st.booleans())),
+        parity=draw(parities),
+        onnx=onnx,
     )
 
 
@@ -152,10 +167,33 @@ def test_any_flipped_bit_is_refused(manifest, position, bit):
     assert read == manifest  # only a flip JSON cannot see (e.g. inside insignificant whitespace) may pass
 
 
-@given(manifests(), st.just(1) | st.integers(FORMAT_VERSION + 1, 10**6))
+@given(manifests(), st.just(1) | st.just(2) | st.integers(FORMAT_VERSION + 1, 10**6))
 def test_unsupported_versions_name_both(manifest, version):
     raw = json.loads(manifest.to_json()) | {"format_version": version}
-    with pytest.raises(ManifestError, match=f"format_version {version} .* reads \\[{FORMAT_VERSION}\\]"):
+    readable = ", ".join(map(str, sorted(SUPPORTED_VERSIONS)))
+    with pytest.raises(ManifestError, match=f"format_version {version} .* reads \\[{readable}\\]"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=50)
+def test_format_3_reads_without_an_onnx_decode(manifest):
+    """A format 3 bundle (before --onnx) still loads: the same decode.pt2, no ONNX entry."""
+    raw = json.loads(manifest.to_json()) | {"format_version": 3}
+    raw.pop("onnx")
+    assert Manifest.from_json(_with_digest(raw)).onnx is None
+    with pytest.raises(ManifestError, match="format 3 manifest has no onnx entry"):
+        Manifest.from_json(_with_digest(raw | {"onnx": None}))
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_an_onnx_entry_needs_its_listed_file(manifest):
+    raw = json.loads(manifest.to_json())
+    if raw["onnx"] is None:
+        return
+    raw["files"].pop("decode.onnx")
+    with pytest.raises(ManifestError, match="not a listed decode.onnx"):
         Manifest.from_json(_with_digest(raw))
 
 

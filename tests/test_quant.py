@@ -137,7 +137,7 @@ def test_quantized_weights_are_stored_once_and_lent_to_the_decode(runtime):
     q = rt.manifest.quantization
     state = rt.model.state_dict()
     assert not any(f"{path}.weight" in state for path in q.linears)
-    lent = lend_constants(rt.model, rt.manifest)
+    lent = lend_constants(rt.model, rt.manifest.constants, rt.manifest.device)
     buffers = {b.data_ptr() for b in rt.model.buffers()}
     head = rt.model.get_submodule("lm_head").packed
     assert head.words.data_ptr() in {t.data_ptr() for t in lent.values()}

@@ -75,7 +75,7 @@ def test_real_checkpoint_greedy_matches_hf(name, dtype, real_bundle):
     Gemma's 512-token window. The bundle's GEMV kernels are tuned on this machine (the default)."""
     from transformers import AutoTokenizer
 
-    rt = load(real_bundle(name, "--dtype", dtype))
+    rt = load(real_bundle(name, "--dtype", dtype, *_onnx(dtype)))
     ids = _long_prompt(rt.tokenizer, 520)
     # the bundle's tokenizer (switched to the generic class where it behaves the same) tokenizes as the
     # checkpoint's own
@@ -83,6 +83,26 @@ def test_real_checkpoint_greedy_matches_hf(name, dtype, real_bundle):
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     options = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
     ref = _reference(name, dtype).generate(**inputs, **options)
+    ours = rt.generate(**inputs, **options)
+    mismatch = (ours != ref).nonzero()
+    assert mismatch.numel() == 0, f"first differing position {mismatch[0].tolist()} of {ours.shape}"
+
+
+def _onnx(dtype: str) -> tuple[str, ...]:
+    """float32 bundles carry decode.onnx too (the ONNX decode is float32 only)."""
+    return ("--onnx",) if dtype == "float32" else ()
+
+
+@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m"])
+def test_real_checkpoint_onnx_decode_matches_hf(name, real_bundle):
+    """The same float32 bundle decoded by ONNX Runtime (decode.onnx): 200 greedy tokens identical to HF
+    eager generate, past Gemma's window."""
+    rt = load(real_bundle(name, "--dtype", "float32", *_onnx("float32")), backend="onnxruntime")
+    assert rt.manifest.onnx.parity.tokens_match
+    ids = _long_prompt(rt.tokenizer, 520)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    options = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    ref = _reference(name, "float32").generate(**inputs, **options)
     ours = rt.generate(**inputs, **options)
     mismatch = (ours != ref).nonzero()
     assert mismatch.numel() == 0, f"first differing position {mismatch[0].tolist()} of {ours.shape}"

@@ -186,3 +186,35 @@ def test_two_sessions_in_threads_keep_apart(runtime, reference):
     for reply, messages in results.values():
         assert reply == _fresh(rt, model, messages, **GREEDY)
     assert len(results) == 2
+
+
+class _Stop(Exception):
+    pass
+
+
+class _StopAfter:
+    """A streamer that raises after `n` reply tokens: a turn interrupted mid-reply (Ctrl-C, say)."""
+
+    def __init__(self, n: int):
+        self.n, self.seen = n, -1  # the prompt comes first
+
+    def put(self, value):
+        self.seen += 1
+        if self.seen >= self.n:
+            raise _Stop
+
+    def end(self):
+        pass
+
+
+def test_an_interrupted_turn_is_settled_before_the_next(runtime):
+    """An interrupted turn only cancels its request; the next turn, sent at once, must still find what
+    the row holds (it used to race with the engine's release and reuse nothing)."""
+    rt = runtime("tiny-llama")
+    for _ in range(5):
+        with rt.session() as session:
+            with pytest.raises(_Stop):
+                session.send("Tell me a long story.", streamer=_StopAfter(3), max_new_tokens=100, do_sample=False)
+            assert session.last.new_tokens >= 3
+            session.send("Shorter.", **GREEDY)
+            assert session.last.reused > 0

@@ -26,7 +26,7 @@ def _decode(rt, token, seq, pad_mask, kv):
 @torch.inference_mode()
 def test_decode_borrows_eager_parameter_storage(runtime):
     rt = runtime("tiny-llama")
-    lent = lend_constants(rt.model, rt.manifest)
+    lent = lend_constants(rt.model, rt.manifest.constants, rt.manifest.device)
     params = {p.data_ptr() for p in rt.model.parameters()}
     assert lent and all(t.data_ptr() in params for t in lent.values())
     # An in-place change to an eager parameter changes the compiled output: the .so holds no copy.

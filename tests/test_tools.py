@@ -36,6 +36,7 @@ def test_bench_completes_and_writes_its_files(tmp_path, capsys):
         "2",
         "--gemv",
         "aten",
+        "--onnx",
         "--out",
         str(out),
     ]
@@ -45,6 +46,8 @@ def test_bench_completes_and_writes_its_files(tmp_path, capsys):
         ("float32", "hf_eager"),
         ("float32", "hf_compile"),
         ("float32", "aotpack"),
+        ("float32", "aotpack_onnx"),
+        ("float32", "aotpack_onnx_prepacked"),
         ("int8", "aotpack"),
     }
     for run in results["runs"]:
@@ -55,11 +58,13 @@ def test_bench_completes_and_writes_its_files(tmp_path, capsys):
     assert figures["tokens_equal_eager"] is True
     assert 0 < figures["pct_of_floor"] and figures["floor_ms"] > 0 and figures["bandwidth_gb_s"] > 0
     assert figures["gemv_gb_s"] > 0 and figures["gemv_floor_ms"] > 0 and figures["pct_of_gemv_floor"] > 0
+    assert figures["onnx_vs_aoti"] > 0 and figures["onnx_prepacked_vs_aoti"] > 0 and figures["onnx_tokens_equal"]
     quantized = results["derived"]["int8"]
     assert quantized["rss_vs_float32"] > 0 and quantized["pct_of_floor"] > 0 and "gemv_gb_s" not in quantized
     assert quantized["reference_perplexity"] > 0 and 0 <= quantized["greedy_agreement"] <= 1
     report = (out / "bench.md").read_text()
     assert "| float32 | aotpack |" in report and "| int8 | aotpack |" in report and "perplexity" in report
+    assert "| float32 | aotpack, ONNX Runtime decode |" in report and "ONNX Runtime decode vs AOTInductor's" in report
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "first request" in capsys.readouterr().out
 

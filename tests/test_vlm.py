@@ -95,7 +95,7 @@ def test_decode_holds_no_vision_weights_and_shares_the_rest(runtime):
     # The compiled decode was handed the eager tensors themselves: one copy of every weight.
     from runtime.decode import lend_constants
 
-    lent = lend_constants(rt.model, rt.manifest)
+    lent = lend_constants(rt.model, rt.manifest.constants, rt.manifest.device)
     params = {p.data_ptr() for p in rt.model.parameters()}
     buffers = {b.data_ptr() for b in rt.model.buffers()}  # e.g. rotary inv_freq, when it is a constant
     assert all(t.data_ptr() in params | buffers for t in lent.values())

@@ -30,7 +30,7 @@ from exporter.bench import BenchError
 from exporter.bench.llama_cpp import gguf_for, llama_cpp_available
 from exporter.bench.report import write_reports
 from exporter.bench.roofline import bytes_per_step, gemv_bandwidth, read_bandwidth
-from exporter.bench.worker import SYSTEMS
+from exporter.bench.worker import ONNX_SYSTEMS, SYSTEMS
 from exporter.source import checkpoint_dir
 from runtime.bundle import read_manifest
 from runtime.quant import METHODS
@@ -61,6 +61,7 @@ class BenchConfig:
     prefill_chunk: int = 32  # ...prefilled whole, then in chunks of this many tokens
     serve: bool = False  # `aotpack serve` against `transformers serve` (exporter.bench.serving), N = streams
     ray: bool = False  # with serve: alone and on Ray Serve with 1 and 2 replicas (exporter.bench.scaleout)
+    onnx: bool = False  # the float32 bundle also decodes on ONNX Runtime (its decode.onnx), as two more systems
 
     def __post_init__(self):
         if self.prompt_len < 1 or self.new_tokens <= 4:
@@ -82,6 +83,10 @@ class BenchConfig:
             raise BenchError(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
         if unknown := set(self.quantize) - set(METHODS):
             raise BenchError(f"unknown --quantize {sorted(unknown)}; choose from {METHODS}")
+        if self.onnx and ("float32" not in self.dtypes or self.streams is not None):
+            raise BenchError(
+                "--onnx benchmarks the float32 bundle at batch 1: keep float32 among --dtype, no --streams"
+            )
         if self.llama_cpp_converter is not None and not Path(self.llama_cpp_converter).is_file():
             raise BenchError(
                 f"--llama-cpp-converter {self.llama_cpp_converter} is not a file; it is "
@@ -93,7 +98,12 @@ class BenchConfig:
         return tuple(self.dtypes) + tuple(self.quantize)
 
     def systems_for(self, variant: str) -> tuple[str, ...]:
-        systems = [s for s in self.systems if s != "llama_cpp" and (variant in self.dtypes or s not in HF_SYSTEMS)]
+        onnx = self.onnx and variant == "float32"  # ONNX Runtime decodes float32 bundles only
+        systems = [
+            s
+            for s in self.systems
+            if s != "llama_cpp" and (variant in self.dtypes or s not in HF_SYSTEMS) and (onnx or s not in ONNX_SYSTEMS)
+        ]
         if "llama_cpp" in self.systems and self.llama_cpp_converter is not None and llama_cpp_available():
             systems.append("llama_cpp")
         return tuple(systems)
@@ -117,11 +127,13 @@ def variant_dtype(variant: str) -> str:
 
 
 def export_variant(
-    checkpoint: Path, bundle: Path, variant: str, max_cache_len: int, gemv: str, batch: int = 1
+    checkpoint: Path, bundle: Path, variant: str, max_cache_len: int, gemv: str, batch: int = 1, onnx: bool = False
 ) -> float:
-    """Build the variant's bundle with `aotpack export`; returns the build time in seconds."""
+    """Build the variant's bundle with `aotpack export` (`onnx`: with decode.onnx); returns the build time
+    in seconds."""
     start = time.perf_counter()
     quantize = ["--quantize", variant] if variant in METHODS else []
+    quantize += ["--onnx"] if onnx else []
     run(
         [
             sys.executable,
@@ -229,15 +241,16 @@ def bench(config: BenchConfig, log=print) -> dict:
 def _bench_variant(config: BenchConfig, variant: str, checkpoint: Path, prompt, tmp: Path, results: dict, log) -> None:
     bundle = tmp / f"bundle-{variant}"
     log(f"[{variant}] exporting the bundle")
+    onnx = any(s in ONNX_SYSTEMS for s in config.systems_for(variant))
     results["builds"][variant] = export_variant(
-        checkpoint, bundle, variant, config.prompt_len + config.new_tokens, config.gemv
+        checkpoint, bundle, variant, config.prompt_len + config.new_tokens, config.gemv, onnx=onnx
     )
     manifest = read_manifest(bundle)
     results[f"step_bytes_{variant}"] = step = bytes_per_step(manifest)
     if manifest.accuracy is not None:
         results["accuracy"][variant] = asdict(manifest.accuracy)
     systems = config.systems_for(variant)
-    paths = {"aotpack": bundle, "hf_eager": checkpoint, "hf_compile": checkpoint}
+    paths = {"aotpack": bundle, "hf_eager": checkpoint, "hf_compile": checkpoint} | dict.fromkeys(ONNX_SYSTEMS, bundle)
     if "llama_cpp" in systems:
         log(f"[{variant}] converting the checkpoint to GGUF for llama.cpp")
         paths["llama_cpp"] = gguf_for(checkpoint, variant, config.llama_cpp_converter, tmp / "gguf")

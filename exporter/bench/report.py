@@ -17,6 +17,8 @@ LABELS = {
     "hf_eager": "HF eager (static cache)",
     "hf_compile": "HF + torch.compile",
     "aotpack": "aotpack",
+    "aotpack_onnx": "aotpack, ONNX Runtime decode",
+    "aotpack_onnx_prepacked": "aotpack, ONNX Runtime decode, prepacked",
     "llama_cpp": "llama.cpp",
 }
 # decode speed against llama.cpp at the matching precision: the quantization issue's targets
@@ -68,6 +70,16 @@ TARGETS = (
         "perplexity ≤ {ppl_target} % above float32's",
         "perplexity_change_pct",
         lambda d: f"{d['perplexity_change_pct']:+.2f} % ({d['perplexity']:.3f} vs {d['reference_perplexity']:.3f})",
+    ),
+    (
+        "(not a target) ONNX Runtime decode vs AOTInductor's",
+        "onnx_vs_aoti",
+        lambda d: f"{d['onnx_vs_aoti']:.2f}× ({d['onnx_ms']:.1f} ms/tok; prepacked {d['onnx_prepacked_vs_aoti']:.2f}×)",
+    ),
+    (
+        "(not a target) ONNX Runtime decode's tokens equal AOTInductor's",
+        "onnx_tokens_equal",
+        lambda d: str(d["onnx_tokens_equal"]),
     ),
     (
         "(not a target) greedy agreement with float32 over 256 tokens",
@@ -209,8 +221,22 @@ def derived(results: dict, summary: list[dict]) -> dict:
         if aot and comp:
             d["decode_speedup_vs_compile"] = comp["decode_ms_per_token"] / aot["decode_ms_per_token"]
             d["first_request_speedup_vs_compile"] = comp["first_request_s"] / aot["first_request_s"]
-        out[dtype] = d | _against_llama_and_float32(results, summary, dtype, aot)
+        out[dtype] = d | _against_llama_and_float32(results, summary, dtype, aot) | _against_onnx(summary, dtype, aot)
     return out
+
+
+def _against_onnx(summary: list[dict], variant: str, aot: dict | None) -> dict:
+    """aotpack's AOTInductor decode against its ONNX Runtime decode of the same bundle (speed ratio, as
+    AOTInductor's ms over ONNX Runtime's: below 1 is slower), and whether they chose the same tokens."""
+    onnx, prepacked = _run(summary, "aotpack_onnx", variant), _run(summary, "aotpack_onnx_prepacked", variant)
+    if not (aot and onnx and prepacked):
+        return {}
+    return {
+        "onnx_ms": onnx["decode_ms_per_token"],
+        "onnx_vs_aoti": aot["decode_ms_per_token"] / onnx["decode_ms_per_token"],
+        "onnx_prepacked_vs_aoti": aot["decode_ms_per_token"] / prepacked["decode_ms_per_token"],
+        "onnx_tokens_equal": onnx["tokens"] == aot["tokens"] == prepacked["tokens"],
+    }
 
 
 def _against_llama_and_float32(results: dict, summary: list[dict], variant: str, aot: dict | None) -> dict:
@@ -232,6 +258,7 @@ def markdown(results: dict, summary: list[dict], figures: dict) -> str:
     c, m = results["config"], results["machine"]
     rounds = c.get("rounds", 1)
     flags = "".join(f" --quantize {q}" for q in c.get("quantize", ()))
+    flags += " --onnx" if c.get("onnx") else ""
     flags += " --llama-cpp-converter …" if c.get("llama_cpp_converter") else ""
     cpu = m["cpu"] + (f" ({', '.join(m['isa'])})" if m.get("isa") else "")
     lines = [

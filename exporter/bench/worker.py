@@ -14,7 +14,9 @@ import statistics
 import sys
 import time
 
-SYSTEMS = ("hf_eager", "hf_compile", "aotpack", "llama_cpp")
+SYSTEMS = ("hf_eager", "hf_compile", "aotpack", "aotpack_onnx", "aotpack_onnx_prepacked", "llama_cpp")
+# aotpack's decode on ONNX Runtime (decode.onnx): over the eager model's weights, or prepacked (a copy)
+ONNX_SYSTEMS = {"aotpack_onnx": False, "aotpack_onnx_prepacked": True}
 WARMUP_STEPS = 3  # decode steps of each warm request skipped before the steady-state median
 WARM_REQUESTS = 3  # more samples per process: the machine is shared and single requests are noisy
 
@@ -82,10 +84,12 @@ def _llama_request(llm, ids, new_tokens: int) -> Stamps:
 def _load(system: str, path: str, dtype: str, args=None):
     import torch
 
-    if system == "aotpack":
+    if system == "aotpack" or system in ONNX_SYSTEMS:
         from runtime import load
 
-        return load(path)
+        if system == "aotpack":
+            return load(path)
+        return load(path, backend="onnxruntime", prepack=ONNX_SYSTEMS[system])
     if system == "llama_cpp":
         from llama_cpp import Llama
 
@@ -148,7 +152,7 @@ def _timed_request(args, model, ids) -> tuple[float, Stamps]:
 
     start = time.time()
     with torch.inference_mode():
-        if args.system == "aotpack":
+        if args.system == "aotpack" or args.system in ONNX_SYSTEMS:
             return start, _aot_request(model, ids, args.new_tokens)
         if args.system == "llama_cpp":
             return start, _llama_request(model, ids, args.new_tokens)

@@ -43,7 +43,12 @@ class Replica:
 
         self.config, self.name = config, f"{socket.gethostname()}:{os.getpid()}"
         try:
-            self.rt = load(config.bundle, num_threads=config.threads, prefill_chunk=config.prefill_chunk)
+            self.rt = load(
+                config.bundle,
+                num_threads=config.threads,
+                prefill_chunk=config.prefill_chunk,
+                **config.backend.options(),
+            )
         except AotpackError as e:  # the deployment status shows this line: say which node could not load
             raise type(e)(f"replica on {self.name}: {e}") from None
         self.rt.tokenizer  # noqa: B018 (loaded now: the first request should not pay for it)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from runtime.backend import Backend
 from runtime.errors import InvalidInputError
 
 
@@ -21,6 +22,7 @@ class ServeConfig:
     max_image_pixels: int = 16 * 2**20  # per decoded image; larger ones (decompression bombs) are refused
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
     model_name: str | None = None  # the id /v1/models reports (default: the bundle directory's name)
+    backend: Backend = Backend()
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
