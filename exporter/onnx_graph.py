@@ -26,13 +26,7 @@ def fold_weight_transposes(model: onnx.ModelProto, weights: set[str]) -> onnx.Mo
     dropped = set()
     for node in graph.node:
         users = consumers.get(node.output[0], []) if node.op_type == "Transpose" else []
-        if (
-            node.input
-            and node.input[0] in weights
-            and _is_2d_swap(node)
-            and users
-            and all(_reads_as_b(u, node) for u in users)
-        ):
+        if users and node.input[0] in weights and _is_2d_swap(node) and all(_reads_as_b(u, node) for u in users):
             for user in users:
                 _transpose_b(user, node.input[0])
             dropped.add(node.output[0])

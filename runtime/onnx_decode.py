@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from runtime.backend import ONNXRUNTIME, check_has_backend
 from runtime.cache import write_token
 from runtime.contract import DecodeContract
 from runtime.decode import lend_constants, verified_bytes
@@ -35,8 +36,7 @@ class OnnxRuntimeDecode:
     def __init__(self, path: Path, model: nn.Module, manifest: Manifest, sha256: str | None = None, prepack=False):
         import onnxruntime as ort  # only this backend pays its import
 
-        if manifest.onnx is None:
-            raise BundleError(f"{Path(path).parent} has no ONNX decode; re-export it with `aotpack export --onnx`")
+        check_has_backend(manifest, ONNXRUNTIME, Path(path).parent)
         self.contract = DecodeContract.of(manifest)
         self.inputs, self.outputs = self.contract.onnx_names()
         options = _session_options(ort, prepack)
