@@ -12,7 +12,6 @@ import time
 from contextlib import nullcontext
 from dataclasses import replace
 from datetime import datetime, timezone
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -88,20 +87,22 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
         with stage("onnx", "exporting the decode step to ONNX (decode.onnx) for ONNX Runtime"):
             manifest = replace(manifest, onnx=export_onnx(model, layout, contract, staging, aliases))
     with stage("parity", "checking parity against eager generate"):
-        gate = partial(
-            check_parity,
-            model,
-            layout=layout,
-            tokenizer=tokenizer,
-            dtype=config.dtype,
-            batch=config.batch_size,
-            steps=config.parity_steps,
-            max_cache_len=config.max_cache_len,
-        )
-        parity = gate(CompiledDecode(package, model, manifest))
+        decodes = {"compiled decode": CompiledDecode(package, model, manifest)}
         if config.onnx:
-            onnx_parity = gate(OnnxRuntimeDecode(staging / DECODE_ONNX, model, manifest), what="ONNX decode")
-            manifest = replace(manifest, onnx=replace(manifest.onnx, parity=onnx_parity))
+            decodes["ONNX decode"] = OnnxRuntimeDecode(staging / DECODE_ONNX, model, manifest)
+        reports = check_parity(
+            model,
+            decodes,
+            layout,
+            tokenizer,
+            config.dtype,
+            config.batch_size,
+            config.parity_steps,
+            config.max_cache_len,
+        )
+    parity = reports["compiled decode"]
+    if config.onnx:
+        manifest = replace(manifest, onnx=replace(manifest.onnx, parity=reports["ONNX decode"]))
     return _finish(config, staging, manifest, parity, model, ref, start)
 
 

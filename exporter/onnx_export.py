@@ -42,8 +42,9 @@ def export_onnx(model, layout, contract: DecodeContract, staging: Path, aliases:
         program = torch.onnx.export(
             exported, (), dynamo=True, input_names=inputs, output_names=outputs, optimize=False, verbose=False
         )
-    _optimize(program.model, {name for name in program.model.graph.initializers if _is_tensor_of(step, name)})
-    weights = _stored_weights(step, model, program.model, aliases)
+    tensors = set(program.model.graph.initializers) & _tensor_names(step)  # the model's, not constants
+    _optimize(program.model, tensors)
+    weights = _stored_weights(step, model, tensors & set(program.model.graph.initializers), aliases)
     _point_into(program.model, weights, staging / WEIGHTS)
     proto = fold_weight_transposes(onnx_ir.serde.serialize_model(program.model), {w.name for w in weights})
     proto = name_batch_axis(strip_debug_info(proto), BATCH)
@@ -54,22 +55,16 @@ def export_onnx(model, layout, contract: DecodeContract, staging: Path, aliases:
     return OnnxDecode(DECODE_ONNX, opset, onnxruntime.__version__, weights, Parity(0, 0.0, 0.0, False))
 
 
-def _stored_weights(step, model, graph_model, aliases: dict[str, str]) -> tuple[Constant, ...]:
-    """The graph's initializers that are stored tensors of the model (not rotary tables or constants)."""
-    names = list(graph_model.graph.initializers)
-    sources = constant_sources(step, model, [n for n in names if _is_tensor_of(step, n)], aliases)
+def _tensor_names(step) -> set[str]:
+    named = [*step.named_parameters(remove_duplicate=False), *step.named_buffers(remove_duplicate=False)]
+    return {name for name, _ in named}
+
+
+def _stored_weights(step, model, names: set[str], aliases: dict[str, str]) -> tuple[Constant, ...]:
+    """Of the step's tensors the optimized graph still holds, those stored in the weights file (not
+    non-persistent buffers such as the rotary tables)."""
+    sources = constant_sources(step, model, names, aliases)
     return tuple(c for c in sources if c.safetensors_key is not None)
-
-
-def _is_tensor_of(step, name: str) -> bool:
-    try:
-        step.get_parameter(name)
-    except AttributeError:
-        try:
-            step.get_buffer(name)
-        except AttributeError:
-            return False
-    return True
 
 
 def _optimize(graph_model, weights: set[str]) -> None:

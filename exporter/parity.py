@@ -33,9 +33,10 @@ def parity_prompt(tokenizer, batch: int, max_len: int, device) -> tuple[torch.Te
 
 @torch.inference_mode()
 def check_parity(
-    model, decode, layout, tokenizer, dtype: str, batch: int, steps: int, max_cache_len: int, what="compiled decode"
-) -> Parity:
-    """`decode` (named `what` in the error) against eager generate, teacher-forced."""
+    model, decodes: dict, layout, tokenizer, dtype: str, batch: int, steps: int, max_cache_len: int
+) -> dict[str, Parity]:
+    """Each of `decodes` ({name in the error: decode}) against one eager generate, teacher-forced;
+    returns each one's report, or raises for the first that fails."""
     device = next(model.parameters()).device
     ids, mask = parity_prompt(tokenizer, min(batch, 2), max(1, max_cache_len // 2), device)  # leave room to decode
     steps = min(steps, max_cache_len - ids.shape[1])
@@ -49,11 +50,18 @@ def check_parity(
         return_dict_in_generate=True,
     )
     ref_tokens = ref.sequences[:, ids.shape[1] :]  # (b, steps)
-    ours = _teacher_forced(model, decode, layout, ids, mask, ref_tokens, dtype, max_cache_len)
-    diff = max((o - r.float()).abs().max().item() for o, r in zip(ours, ref.logits, strict=True))
-    scale = max(1.0, max(r.float().abs().max().item() for r in ref.logits))
+    reports = {}
+    for what, decode in decodes.items():
+        ours = _teacher_forced(model, decode, layout, ids, mask, ref_tokens, dtype, max_cache_len)
+        reports[what] = _report(what, ours, ref.logits, steps, dtype)
+    return reports
+
+
+def _report(what: str, ours: list[torch.Tensor], ref_logits, steps: int, dtype: str) -> Parity:
+    diff = max((o - r.float()).abs().max().item() for o, r in zip(ours, ref_logits, strict=True))
+    scale = max(1.0, max(r.float().abs().max().item() for r in ref_logits))
     tolerance = RELATIVE_TOLERANCE[dtype] * scale
-    match = all(torch.equal(o.argmax(-1), r.argmax(-1)) for o, r in zip(ours, ref.logits, strict=True))
+    match = all(torch.equal(o.argmax(-1), r.argmax(-1)) for o, r in zip(ours, ref_logits, strict=True))
     report = Parity(steps=steps, max_abs_logit_diff=diff, tolerance=tolerance, tokens_match=match)
     if diff > tolerance or (dtype == "float32" and not match):
         raise ExportError(

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from runtime.errors import AotpackError
 
+BACKENDS = ("aoti", "onnxruntime")  # runtime.backend.BACKENDS, without importing torch for --help
+
 
 class Formatter(argparse.HelpFormatter):
     """--help shows each option's default, where it has one worth showing."""
@@ -43,9 +45,7 @@ def add_commands(sub) -> dict:
     v = sub.add_parser("verify", help="check a bundle without running it", formatter_class=Formatter)
     v.add_argument("bundle", type=Path)
     v.add_argument("--key", type=Path, action="append", help="trusted public key (PEM): require a valid signature")
-    v.add_argument(
-        "--backend", choices=("aoti", "onnxruntime"), default="aoti", help="check compatibility for this decode"
-    )
+    v.add_argument("--backend", choices=BACKENDS, default="aoti", help="check compatibility for this decode")
     _add_serve(sub)
     return {"run": _run, "chat": _chat, "inspect": _inspect, "verify": _verify, "serve": _serve}
 
@@ -60,7 +60,7 @@ def _add_sampling(p) -> None:
 def _add_backend(p) -> None:
     p.add_argument(
         "--backend",
-        choices=("aoti", "onnxruntime"),
+        choices=BACKENDS,
         default="aoti",
         help="decode with the compiled .so, or with the bundle's decode.onnx on ONNX Runtime (export --onnx)",
     )

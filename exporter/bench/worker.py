@@ -16,7 +16,12 @@ import time
 
 SYSTEMS = ("hf_eager", "hf_compile", "aotpack", "aotpack_onnx", "aotpack_onnx_prepacked", "llama_cpp")
 # aotpack's decode on ONNX Runtime (decode.onnx): over the eager model's weights, or prepacked (a copy)
-ONNX_SYSTEMS = {"aotpack_onnx": False, "aotpack_onnx_prepacked": True}
+ONNX_SYSTEMS = ("aotpack_onnx", "aotpack_onnx_prepacked")
+AOTPACK_SYSTEMS = {  # each one's load() options
+    "aotpack": {},
+    "aotpack_onnx": {"backend": "onnxruntime"},
+    "aotpack_onnx_prepacked": {"backend": "onnxruntime", "prepack": True},
+}
 WARMUP_STEPS = 3  # decode steps of each warm request skipped before the steady-state median
 WARM_REQUESTS = 3  # more samples per process: the machine is shared and single requests are noisy
 
@@ -84,12 +89,10 @@ def _llama_request(llm, ids, new_tokens: int) -> Stamps:
 def _load(system: str, path: str, dtype: str, args=None):
     import torch
 
-    if system == "aotpack" or system in ONNX_SYSTEMS:
+    if system in AOTPACK_SYSTEMS:
         from runtime import load
 
-        if system == "aotpack":
-            return load(path)
-        return load(path, backend="onnxruntime", prepack=ONNX_SYSTEMS[system])
+        return load(path, **AOTPACK_SYSTEMS[system])
     if system == "llama_cpp":
         from llama_cpp import Llama
 
@@ -152,7 +155,7 @@ def _timed_request(args, model, ids) -> tuple[float, Stamps]:
 
     start = time.time()
     with torch.inference_mode():
-        if args.system == "aotpack" or args.system in ONNX_SYSTEMS:
+        if args.system in AOTPACK_SYSTEMS:
             return start, _aot_request(model, ids, args.new_tokens)
         if args.system == "llama_cpp":
             return start, _llama_request(model, ids, args.new_tokens)
