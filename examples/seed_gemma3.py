@@ -22,7 +22,7 @@ from pathlib import Path
 from exporter.config import ExportConfig
 from exporter.export import export
 from runtime import load
-from runtime.chat import open_images
+from runtime.inputs import open_images
 
 HERE = Path(__file__).parent
 

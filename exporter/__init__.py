@@ -1,4 +1,4 @@
 """aotpack exporter: checkpoint -> bundle. The only package that knows torch.export and AOTInductor.
 
-Writes bundles through the contract in `runtime.manifest`; `aotpack` (exporter.cli) is its command.
+Writes bundles through the contract in `runtime.format`; `aotpack` (exporter.cli) is its command.
 """

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runtime.manifest import Accuracy
+from runtime.format.manifest import Accuracy
 
 TEXT = """
 The river that runs through the old town was once the reason the town existed at all. Boats carried grain,

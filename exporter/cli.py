@@ -149,7 +149,8 @@ def _export(args) -> int:
 
 
 def _bench(args) -> int:
-    from exporter.bench.plan import BenchConfig, bench
+    from exporter.bench.config import BenchConfig
+    from exporter.bench.modes import bench, mode_of
 
     config = BenchConfig(
         model=args.model,
@@ -170,8 +171,7 @@ def _bench(args) -> int:
         onnx=args.onnx,
     )
     bench(config, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
-    report = "ray.md" if args.ray else "serve.md" if args.serve else "streams.md" if args.streams else "bench.md"
-    print((config.out / report).read_text())
+    print((config.out / mode_of(config).report).read_text())
     return 0
 
 

@@ -3,7 +3,7 @@ one named function.
 
 Owns: the exporter's contact surface with unstable APIs. Each entry says why aotpack needs it and the
 version it was checked on (torch 2.13.0, transformers 5.24.0, both pinned in pyproject.toml).
-`tests/test_compat.py` checks that every symbol still exists.
+`tests/unit/test_compat.py` checks every symbol and the signature aotpack calls it with.
 """
 
 from __future__ import annotations
@@ -16,15 +16,22 @@ from transformers import CompileConfig, cache_utils, configuration_utils
 
 from runtime.compat import float_environment_kept
 
-# (owner, attribute) of every private or unstable symbol used below; tests/test_compat.py walks this list.
+# (owner, attribute, what aotpack's use relies on) of every private or unstable symbol used below, as in
+# runtime.compat.PRIVATE_SYMBOLS; tests/unit/test_compat.py checks them.
 PRIVATE_SYMBOLS = (
-    (cache_utils, "get_layer_types_and_kwargs"),
-    (configuration_utils, "get_head_shapes"),
-    ("transformers.integrations.sdpa_attention", "use_gqa_in_sdpa"),
-    (CompileConfig, "_compile_all_devices"),
-    (torch._inductor, "aoti_load_package"),
-    (torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"),
-    ("transformers.configuration_utils.PreTrainedConfig", "_attn_implementation"),
+    (cache_utils, "get_layer_types_and_kwargs", ("config",)),
+    (configuration_utils, "get_head_shapes", ("config",)),
+    ("transformers.integrations.sdpa_attention", "use_gqa_in_sdpa", ("attention_mask", "key", "value")),
+    (CompileConfig, "_compile_all_devices", None),
+    (torch._inductor, "aoti_load_package", ("path",)),
+    (torch._inductor, "aoti_compile_and_package", ("exported_program", "package_path", "inductor_configs")),
+    (
+        torch.ops.aten,
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "Tensor query, Tensor key, Tensor value, float dropout_p=0., bool is_causal=False, *, Tensor? attn_mask=None, "
+        "float? scale=None",
+    ),
+    ("transformers.configuration_utils.PreTrainedConfig", "_attn_implementation", "property"),
 )
 _FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"  # read by transformers.integrations.sdpa_attention at call time
 
@@ -61,6 +68,11 @@ def compile_on_cpu(config: CompileConfig) -> CompileConfig:
     """`generate` compiles only on GPUs unless this private flag is set: the benchmark forces it."""
     config._compile_all_devices = True
     return config
+
+
+def aoti_compile_and_package(exported, package: str, options: dict) -> str:
+    """Compile an exported program into a `.pt2` (AOTInductor's entry point lives in torch._inductor)."""
+    return torch._inductor.aoti_compile_and_package(exported, package_path=package, inductor_configs=options)
 
 
 def package_metadata_and_constants(package: str) -> tuple[dict, list[str]]:

@@ -1,7 +1,8 @@
 """torch.export and AOTInductor: the only place that knows how the decode step becomes a `.so`.
 
-Owns: the export call and the Inductor options (the signature itself, with its example inputs and
-dynamic batch, is runtime.contract's). Options are passed explicitly per call; nothing global is set.
+Owns: the export call, the example inputs and dynamic batch it traces with (both read off the
+signature, runtime.format.contract), and the Inductor options. Options are passed explicitly per call;
+nothing global is set.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import torch
 
-from exporter.compat import grouped_query_sdpa
-from runtime.contract import METADATA_KEY, DecodeContract
+from exporter.compat import aoti_compile_and_package, grouped_query_sdpa
 from runtime.errors import ExportError
+from runtime.format.contract import BATCH, INPUT_NAMES, METADATA_KEY, STEP_INPUTS, DecodeContract
+from runtime.model.cache import allocate
 
 
 @torch.no_grad()
@@ -20,8 +22,27 @@ def export_decode(step, contract: DecodeContract):
     """Trace `step` with the contract's example inputs (at the largest batch) and dynamic batch."""
     with grouped_query_sdpa():
         return torch.export.export(
-            step, contract.example_inputs(), dynamic_shapes=contract.dynamic_shapes(), strict=False
+            step, example_inputs(contract), dynamic_shapes=dynamic_shapes(contract), strict=False
         )
+
+
+def example_inputs(contract: DecodeContract) -> tuple:
+    """Inputs to trace with, at the largest batch: a traced batch of 1 would specialise the dimension."""
+    batch, device = contract.batch_size, contract.device
+    fixed = [torch.zeros(contract.shape(s, batch), dtype=getattr(torch, s.dtype), device=device) for s in STEP_INPUTS]
+    fixed[INPUT_NAMES.index("cache_position")] += torch.arange(1, batch + 1)  # rows stand apart
+    fixed[INPUT_NAMES.index("pad_mask")] |= True
+    return (*fixed, *allocate(contract.layout, batch, getattr(torch, contract.dtype), device))
+
+
+def dynamic_shapes(contract: DecodeContract):
+    """The batch is dynamic (1..B) so one `.so` serves smaller batches; with B == 1 it stays static,
+    because export specialises a dimension traced at size 1 anyway."""
+    if contract.batch_size == 1:
+        return None
+    batch = torch.export.Dim(BATCH, min=1, max=contract.batch_size)
+    fixed = tuple({0: batch} if s.shape[0] == BATCH else None for s in STEP_INPUTS)
+    return (*fixed, tuple({0: batch} for _ in range(2 * len(contract.layout))))
 
 
 def inductor_options(device: str, cpu_isa: str, contract: DecodeContract, quantized: bool = False) -> dict:
@@ -45,7 +66,7 @@ def inductor_options(device: str, cpu_isa: str, contract: DecodeContract, quanti
 
 def compile_decode(exported, package: Path, options: dict) -> Path:
     try:
-        path = torch._inductor.aoti_compile_and_package(exported, package_path=str(package), inductor_configs=options)
+        path = aoti_compile_and_package(exported, str(package), options)
     except OSError as e:  # e.g. BlockingIOError: no process could be forked for the C++ compiler
         raise ExportError(
             f"the C++ compiler could not run ({type(e).__name__}: {e}); free memory or processes, then retry"

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.errors import ExportError
-from runtime.manifest import DEVICES, DTYPES, MANIFEST
-from runtime.quant import GROUP_SIZES, INT4, METHODS, QuantSpec
+from runtime.format.files import MANIFEST
+from runtime.format.manifest import DEVICES, DTYPES
+from runtime.format.quant import GROUP_SIZES, INT4, METHODS, QuantSpec
 
 CPU_ISAS = ("native", "avx2")
 MAX_CACHE_LEN = 1 << 20  # tokens: more than any model here attends to; a typo of 10**12 fails here, not in malloc
@@ -34,8 +35,8 @@ class ExportConfig:
     group_size: int | None = None  # int4 columns per scale (default 32)
     accuracy: bool = True  # score a reduced-precision bundle against its float32 model
     gemv: str = "tune"  # "tune": time each weight shape's kernels here; "aten"/"reduce": one family, untimed
-    sign_key: Path | None = None  # elliptic-curve private key (PEM): sign the bundle (runtime.signing)
-    onnx: bool = False  # also write decode.onnx, the same step for ONNX Runtime (runtime.onnx_decode)
+    sign_key: Path | None = None  # elliptic-curve private key (PEM): sign the bundle (runtime.format.signing)
+    onnx: bool = False  # also write decode.onnx, the same step for ONNX Runtime (runtime.backends.onnxruntime)
     parity_steps: int = 8
 
     def __post_init__(self):

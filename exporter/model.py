@@ -14,13 +14,10 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, GenerationMixin
 
 from exporter import compat
-from exporter.decode_step import DecodeStep, TextHead
-from runtime.cache import FULL, SLIDING, LayerLayout, additive_mask_dtype
 from runtime.errors import ExportError
-
-
-def is_multimodal(config) -> bool:
-    return getattr(config, "vision_config", None) is not None
+from runtime.format.layout import FULL, SLIDING, LayerLayout
+from runtime.model.images import is_multimodal
+from runtime.model.step import DecodeStep, decode_step
 
 
 def load_model(checkpoint: Path, dtype: str, device: str) -> tuple[nn.Module, str]:
@@ -72,12 +69,7 @@ def cache_layout(model: nn.Module, max_cache_len: int) -> tuple[LayerLayout, ...
 
 
 def decode_module(model: nn.Module, layout, returns_written: bool = False) -> DecodeStep:
-    """The decode step over the text path only: a VLM's vision tower stays out of the graph.
-    `returns_written`: the ONNX step, which also returns the keys and values it wrote."""
+    """The decode step to trace (runtime.model.step), for decoder LMs only."""
     if not isinstance(model, GenerationMixin):
         raise ExportError(f"{type(model).__name__} has no generation KV cache; aotpack exports decoder LMs only")
-    additive = additive_mask_dtype(model)
-    if is_multimodal(model.config):
-        head = TextHead(model.get_decoder(), model.get_output_embeddings())
-        return DecodeStep(head, layout, True, additive, returns_written)
-    return DecodeStep(model, layout, False, additive, returns_written)
+    return decode_step(model, layout, returns_written)

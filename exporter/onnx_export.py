@@ -27,9 +27,10 @@ from exporter.compile import export_decode
 from exporter.constants import constant_sources
 from exporter.model import decode_module
 from exporter.onnx_graph import fold_weight_transposes, name_batch_axis, strip_debug_info
-from runtime.contract import BATCH, METADATA_KEY, DecodeContract
 from runtime.errors import ExportError
-from runtime.manifest import DECODE_ONNX, WEIGHTS, Constant, OnnxDecode, Parity
+from runtime.format.contract import BATCH, METADATA_KEY, DecodeContract
+from runtime.format.files import DECODE_ONNX, WEIGHTS
+from runtime.format.manifest import Constant, OnnxDecode, Parity
 
 
 def export_onnx(model, layout, contract: DecodeContract, staging: Path, aliases: dict[str, str]) -> OnnxDecode:

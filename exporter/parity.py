@@ -1,18 +1,23 @@
-"""The export-time parity gate: eager HF `generate` against eager prefill + the compiled decode.
+"""The export-time parity gate: eager HF `generate` against the runtime's engine over the compiled decode.
 
-Owns: the parity report in the manifest. The compiled decode is fed the reference's own tokens
-(teacher forcing), so one early difference cannot hide the rest, and every step's raw logits are
-compared. A failed gate fails the export: no bundle is written.
+Owns: the parity report in the manifest. The request runs through the very engine that serves requests
+(runtime.engine: validation, admission, eager prefill, decode steps), fed the reference's own tokens
+(teacher forcing, a logits processor that forces each next token), so one early difference cannot hide
+the rest, and every step's raw logits are compared. A failed gate fails the export: no bundle is
+written.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from runtime.cache import allocate
+from runtime.engine.engine import Engine
 from runtime.errors import ExportError
-from runtime.manifest import Parity
-from runtime.prefill import start
+from runtime.format.contract import DecodeContract
+from runtime.format.manifest import Parity
+from runtime.generation.validate import Validator
 
 # Allowed max |logit difference|, relative to the largest reference logit (at least 1).
 RELATIVE_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
@@ -32,14 +37,13 @@ def parity_prompt(tokenizer, batch: int, max_len: int, device) -> tuple[torch.Te
 
 
 @torch.inference_mode()
-def check_parity(
-    model, decodes: dict, layout, tokenizer, dtype: str, batch: int, steps: int, max_cache_len: int
-) -> dict[str, Parity]:
+def check_parity(model, decodes: dict, contract: DecodeContract, tokenizer, steps: int) -> dict[str, Parity]:
     """Each of `decodes` ({name in the error: decode}) against one eager generate, teacher-forced;
     returns each one's report, or raises for the first that fails."""
-    device = next(model.parameters()).device
-    ids, mask = parity_prompt(tokenizer, min(batch, 2), max(1, max_cache_len // 2), device)  # leave room to decode
-    steps = min(steps, max_cache_len - ids.shape[1])
+    ids, mask = parity_prompt(
+        tokenizer, min(contract.batch_size, 2), max(1, contract.max_cache_len // 2), contract.device
+    )
+    steps = min(steps, contract.max_cache_len - ids.shape[1])  # leave room to decode
     ref = model.generate(
         input_ids=ids,
         attention_mask=mask,
@@ -52,8 +56,8 @@ def check_parity(
     ref_tokens = ref.sequences[:, ids.shape[1] :]  # (b, steps)
     reports = {}
     for what, decode in decodes.items():
-        ours = _teacher_forced(model, decode, layout, ids, mask, ref_tokens, dtype, max_cache_len)
-        reports[what] = _report(what, ours, ref.logits, steps, dtype)
+        ours = _teacher_forced(model, decode, contract, ids, mask, ref_tokens)
+        reports[what] = _report(what, ours, ref.logits, steps, contract.dtype)
     return reports
 
 
@@ -71,12 +75,28 @@ def _report(what: str, ours: list[torch.Tensor], ref_logits, steps: int, dtype: 
     return report
 
 
-def _teacher_forced(model, decode, layout, ids, mask, tokens, dtype, max_cache_len) -> list[torch.Tensor]:
-    kv = allocate(layout, ids.shape[0], getattr(torch, dtype), ids.device)
-    first, rows = start(model, decode, kv, layout, ids, mask, max_cache_len)
-    logits = [first]  # each (b, vocab)
-    everyone = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
-    for step in range(tokens.shape[1] - 1):
-        rows.advance(everyone)
-        logits.append(decode(tokens[:, step : step + 1].contiguous(), *rows.inputs(ids.shape[0]), kv))
-    return logits
+class _Forced:
+    """A logits processor that leaves only the reference's next token, so the engine's greedy choice
+    feeds the compiled step what eager generate fed the model."""
+
+    def __init__(self, tokens: torch.Tensor, prompt_len: int):
+        self.tokens, self.prompt_len = tokens, prompt_len  # (b, steps)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        forced = self.tokens[:, input_ids.shape[1] - self.prompt_len]  # (b,)
+        return torch.full_like(scores, -float("inf")).scatter(1, forced[:, None], 0.0)
+
+
+def _teacher_forced(model, decode, contract, ids, mask, tokens) -> list[torch.Tensor]:
+    """The raw logits (b, vocab) of each step, the engine fed the reference's `tokens` (b, steps). Its
+    cache holds only the prompt's rows (the decode checks its inputs against its own contract)."""
+    contract = replace(contract, batch_size=ids.shape[0])
+    engine = Engine(model, decode, contract)
+    vocab = model.config.get_text_config().vocab_size
+    validator = Validator(model, contract, vocab, tokenizer=lambda: None)
+    forced = [_Forced(tokens, ids.shape[1])]
+    request = validator.request(ids, mask, max_new_tokens=tokens.shape[1], do_sample=False, logits_processor=forced)
+    try:
+        return [logits for _, logits in engine.submit(request, want_logits=True)]
+    finally:
+        engine.close()

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from exporter.tokenizer import use_generic_class
-from runtime.manifest import WEIGHTS
+from runtime.format.files import WEIGHTS
 
 
 def _identity(t: torch.Tensor) -> tuple:

@@ -22,9 +22,11 @@ from runtime.errors import (
 )
 
 _LAZY = {
-    "FORMAT_VERSION": "runtime.manifest",
-    "SUPPORTED_VERSIONS": "runtime.manifest",
-    "Manifest": "runtime.manifest",
+    "FORMAT_VERSION": "runtime.format.manifest",
+    "SUPPORTED_VERSIONS": "runtime.format.manifest",
+    "Manifest": "runtime.format.manifest",
+    "LoadConfig": "runtime.config",
+    "FinishReason": "runtime.engine.status",
     "Runtime": "runtime.runtime",
     "load": "runtime.runtime",
 }
@@ -43,10 +45,12 @@ __all__ = [
     "EngineClosedError",
     "ExportError",
     "FORMAT_VERSION",
+    "FinishReason",
     "ImageInputError",
     "IncompatibleBundleError",
     "IntegrityError",
     "InvalidInputError",
+    "LoadConfig",
     "Manifest",
     "ManifestError",
     "QueueFullError",

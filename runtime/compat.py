@@ -2,8 +2,9 @@
 
 Owns: the runtime's contact surface with unstable APIs. Each entry says why aotpack needs it and the
 version it was checked on (torch 2.13.0, transformers 5.24.0, both pinned in pyproject.toml).
-`tests/test_compat.py` checks that every symbol still exists, so an upgrade fails there first, in a
-second, naming the symbol, rather than deep inside a bundle test.
+`tests/unit/test_compat.py` checks every symbol and the signature aotpack calls it with, so an upgrade
+fails there first, in a second, naming the symbol, rather than deep inside a bundle test; and
+`tests/unit/test_layers.py` checks that no module outside the two compat modules touches one.
 """
 
 from __future__ import annotations
@@ -15,16 +16,48 @@ from transformers import GenerationConfig
 from transformers.generation import LogitsProcessorList, StoppingCriteriaList
 from transformers.initialization import no_init_weights
 
-# (owner, attribute) of every private symbol used below; tests/test_compat.py walks this list.
+_MIXIN = "transformers.generation.utils.GenerationMixin"
+
+# (owner, attribute, what aotpack's use of it relies on) for every private symbol used below, which
+# tests/unit/test_compat.py checks: a tuple names the parameters a Python callable must take; a string
+# must appear in a C++ function's signature; "property" a settable property; None: it must exist.
 PRIVATE_SYMBOLS = (
-    (torch._C._aoti, "AOTIModelPackageLoader"),
-    ("transformers.generation.utils.GenerationMixin", "_get_logits_processor"),
-    ("transformers.generation.utils.GenerationMixin", "_get_stopping_criteria"),
-    ("transformers.generation.utils.GenerationMixin", "_prepare_generation_config"),
-    ("transformers.generation.utils.GenerationMixin", "_expand_inputs_for_generation"),
-    ("transformers.generation.utils.GenerationMixin", "_prepare_special_tokens"),
-    ("transformers.modeling_utils.PreTrainedModel", "_from_config"),
+    (
+        torch._C._aoti,
+        "AOTIModelPackageLoader",
+        "AOTIModelPackageLoader, arg0: str, arg1: str, arg2: bool, arg3: typing.SupportsInt",
+    ),
+    (
+        "torch._C._aoti.AOTIModelPackageLoader",
+        "load_constants",
+        "use_inactive: bool, check_full_update: bool, user_managed: bool = False, allow_h2d_copy: bool = False",
+    ),
+    (
+        _MIXIN,
+        "_get_logits_processor",
+        (
+            "generation_config",
+            "input_ids_seq_length",
+            "device",
+            "model_kwargs",
+            "logits_processor",
+            "prefix_allowed_tokens_fn",
+        ),
+    ),  # fmt: skip
+    (_MIXIN, "_get_stopping_criteria", ("generation_config", "stopping_criteria", "tokenizer")),
+    (_MIXIN, "_prepare_generation_config", ("generation_config", "kwargs")),
+    (_MIXIN, "_expand_inputs_for_generation", ("expand_size", "input_ids", "model_kwargs")),
+    (_MIXIN, "_prepare_special_tokens", ("generation_config", "kwargs_has_attention_mask", "device")),
+    ("transformers.modeling_utils.PreTrainedModel", "_from_config", ("config", "kwargs")),
+    ("transformers.configuration_utils.PreTrainedConfig", "_attn_implementation", "property"),
 )
+# What `_prepare_special_tokens` sets on a GenerationConfig and special_tokens() reads (checked by running it).
+SET_BY_TRANSFORMERS = ("_eos_token_tensor", "_pad_token_tensor")
+
+
+def attention_implementation(config) -> str | None:
+    """The attention a model runs ("sdpa", "eager", ...): transformers keeps it in a private config field."""
+    return config._attn_implementation
 
 
 def empty_model(cls, config, dtype: torch.dtype, attn_implementation: str):

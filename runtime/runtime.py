@@ -1,12 +1,13 @@
 """`load()` and `Runtime`: a bundle ready to generate, with no JIT compile and no network.
 
-Owns: assembling a verified bundle into one eager model (for prefill), the compiled decode that
-borrows that model's weight tensors, and the engine whose preallocated KV cache both write.
+Owns: assembling a verified bundle into one eager model (for prefill), the decode backend that borrows
+that model's weight tensors (runtime.backends), and the engine whose preallocated KV cache both write;
+and the generate-style API over the engine. `Runtime` takes its parts ready-made, so a test (or a
+debugging session) can assemble one around any eager model and the eager backend.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
@@ -15,90 +16,64 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
-from runtime.backend import AOTI, Backend, open_decode
-from runtime.bundle import open_bundle, verify_files, weight_files
-from runtime.engine import Engine
+from runtime import backends
+from runtime.config import LoadConfig
+from runtime.engine.engine import Engine
+from runtime.engine.handle import Handle
+from runtime.engine.request import Request
 from runtime.errors import InvalidInputError
-from runtime.generate import Request, make_request
-from runtime.handle import Handle, collect
-from runtime.manifest import Manifest
+from runtime.format.contract import DecodeContract
+from runtime.format.manifest import Manifest
+from runtime.format.reader import open_bundle, verify_files, weight_files
+from runtime.generation.outputs import collect
+from runtime.generation.validate import Validator
+from runtime.model.weights import build_model
 from runtime.text import stream_text
-from runtime.weights import build_model
 
 
-def load(
-    path,
-    num_threads: int | None = None,
-    busy_timeout: float = 300.0,
-    trusted_keys=None,
-    prefill_chunk=None,
-    backend: str = AOTI,
-    prepack: bool = False,
-) -> Runtime:
-    """Verify and load a bundle directory. `num_threads` sets torch's (and the decode's) threads;
-    a generation waits at most `busy_timeout` seconds for free cache rows (runtime.engine). With
-    `trusted_keys` (public-key PEM files) only a bundle signed by one of them loads (runtime.signing).
-    `prefill_chunk`: prefill text prompts longer than this a chunk per decode step, so that a long
-    prompt delays the other requests' next tokens by one chunk at a time (None: whole prompts).
-    `backend`: "aoti", the compiled `.so` (needs the torch and CPU it was built for), or "onnxruntime",
-    the bundle's decode.onnx (`export --onnx`; any torch, any CPU). `prepack` (onnxruntime only): let
-    ONNX Runtime prepack its weights, faster but a second copy of them."""
-    if num_threads is not None:
-        torch.set_num_threads(check_threads(num_threads))  # the .so has dynamic threads: this governs it too
-    return Runtime(path, busy_timeout, trusted_keys, check_chunk(prefill_chunk), Backend(backend, prepack))
+def load(path, config: LoadConfig | None = None, **options) -> Runtime:
+    """Verify and load a bundle directory. `config` (runtime.config.LoadConfig), or its fields as
+    keyword arguments: `num_threads`, `busy_timeout`, `trusted_keys`, `prefill_chunk`, `backend`
+    ("aoti": the compiled `.so`; "onnxruntime": decode.onnx; "eager": no compiled code), `prepack`."""
+    config = LoadConfig.of(config, **options)
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)  # the .so has dynamic threads: this governs it too
+    backend = backends.backend(config.backend)
+    path, manifest = open_bundle(Path(path), backend, config.trusted_keys, defer_weights=True)
+    model = _build_model(path, manifest)  # the weights are verified before this returns
+    decode = backend.open(path, model, manifest, config)
+    return Runtime(path, model, decode, DecodeContract.of(manifest), config, manifest)
 
 
-def check_chunk(chunk):
-    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
-        raise InvalidInputError(f"prefill_chunk must be a positive number of tokens or None, got {chunk!r}")
-    return chunk
-
-
-def check_threads(n) -> int:
-    """A thread count between 1 and this machine's CPUs: OpenMP crashed with 100,000 and spin-waits
-    badly far above the core count."""
-    cpus = os.cpu_count() or 1
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= cpus:
-        raise InvalidInputError(f"threads {n!r} must be an integer from 1 to {cpus}, this machine's CPU count")
-    return n
+def _build_model(path: Path, manifest: Manifest):
+    """Build the eager model while a second thread hashes its weight files (hashlib releases the
+    GIL), so verifying a large bundle costs little extra start-up time."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashed = pool.submit(verify_files, path, manifest, weight_files(manifest))
+        try:
+            model = build_model(path, manifest)
+        except Exception:
+            hashed.result()  # a missing or corrupt weight file explains the failure better
+            raise
+        hashed.result()
+    return model
 
 
 class Runtime:
     """A loaded bundle. Its engine (runtime.engine) owns the KV cache's rows and runs every request,
     from any thread, batched with the others."""
 
-    def __init__(
-        self,
-        path,
-        busy_timeout: float = 300.0,
-        trusted_keys=None,
-        prefill_chunk: int | None = None,
-        backend: Backend | None = None,
-    ):
-        backend = backend or Backend()
-        self.path, self.manifest = open_bundle(Path(path), True, trusted_keys, backend.name)
-        m: Manifest = self.manifest
-        self.backend = backend
-        self.model = self._build_model()  # the weights are verified before this returns
-        self.layout = m.cache_layout
-        self.decode = open_decode(backend, self.path, self.model, m)
+    def __init__(self, path, model, decode, contract: DecodeContract, config: LoadConfig, manifest=None):
+        """`path`: the bundle (or, assembled by hand, a checkpoint directory) with the tokenizer and
+        generation config; `model`: the eager model; `decode`: a backend's step over its weights;
+        `manifest`: the bundle's, None when assembled by hand."""
+        self.path, self.model, self.decode, self.contract = Path(path), model, decode, contract
+        self.load_config, self.manifest = config, manifest
         self.generation_config = GenerationConfig.from_pretrained(self.path, local_files_only=True)
         self.model.generation_config = self.generation_config  # what HF's option resolution reads
-        self.engine = Engine(self, busy_timeout, prefill_chunk)  # runs every request, batched
-
-    def _build_model(self):
-        """Build the eager model while a second thread hashes its weight files (hashlib releases the
-        GIL), so verifying a large bundle costs little extra start-up time."""
-        m = self.manifest
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            hashed = pool.submit(verify_files, self.path, m, weight_files(m))
-            try:
-                model = build_model(self.path, m)
-            except Exception:
-                hashed.result()  # a missing or corrupt weight file explains the failure better
-                raise
-            hashed.result()
-        return model
+        vocab = manifest.vocab_size if manifest is not None else model.config.get_text_config().vocab_size
+        self.validator = Validator(model, contract, vocab, lambda: self.tokenizer)
+        self.engine = Engine(model, decode, contract, config.busy_timeout, config.prefill_chunk)
 
     # The tokenizer and processor load on first use: parsing a 262k-token vocabulary costs 3-4 s of
     # start-up, which a caller that passes token ids (a service with its own tokenizer) never needs.
@@ -108,11 +83,19 @@ class Runtime:
 
     @cached_property
     def processor(self):
-        if not self.manifest.is_multimodal:
+        if not self.is_multimodal:
             return self.tokenizer
         from transformers import AutoProcessor  # image-processing imports cost ~1 s: only VLMs pay them
 
         return AutoProcessor.from_pretrained(self.path, local_files_only=True)
+
+    @property
+    def is_multimodal(self) -> bool:
+        return self.validator.multimodal
+
+    @property
+    def model_class(self) -> str:
+        return type(self.model).__name__
 
     # What transformers' pipeline("text-generation", model=rt, tokenizer=rt.tokenizer) reads from a model
     # besides generate(): it then calls rt.generate like model.generate.
@@ -122,14 +105,19 @@ class Runtime:
 
     @property
     def device(self) -> torch.device:
-        return torch.device(self.manifest.device)
+        return torch.device(self.contract.device)
 
     @property
     def dtype(self) -> torch.dtype:
-        return getattr(torch, self.manifest.dtype)
+        return getattr(torch, self.contract.dtype)
 
     def can_generate(self) -> bool:
         return True
+
+    @property
+    def layout(self):
+        """The cache's layout per decoder layer (runtime.format.layout)."""
+        return self.contract.layout
 
     @property
     def kv(self) -> list[torch.Tensor]:
@@ -137,7 +125,8 @@ class Runtime:
         return self.engine.kv
 
     def request(self, input_ids, attention_mask=None, generator=None, **kwargs) -> Request:
-        return make_request(self, input_ids, attention_mask, generator, kwargs)
+        """Validate a generate() call (runtime.generation.validate) without running it."""
+        return self.validator.request(input_ids, attention_mask, generator, **kwargs)
 
     def submit(
         self, input_ids, attention_mask=None, generator=None, want_logits=False, max_waiting=None, **kwargs
@@ -159,9 +148,10 @@ class Runtime:
 
     def generate(self, input_ids, attention_mask=None, generator=None, streamer=None, **kwargs):
         """`model.generate`'s drop-in: (B, S + new) ids, prompt first; with `return_dict_in_generate` a
-        transformers GenerateDecoderOnlyOutput (sequences, and `scores` / `logits` per step when
-        `output_scores` / `output_logits` ask for them). A `streamer` (TextStreamer,
-        TextIteratorStreamer, ...) gets the prompt, then each step's tokens, then `end()`, as in HF."""
+        transformers GenerateDecoderOnlyOutput (sequences, `scores` / `logits` per step when
+        `output_scores` / `output_logits` ask for them, and `finish_reasons` per sequence). A `streamer`
+        (TextStreamer, TextIteratorStreamer, ...) gets the prompt, then each step's tokens, then `end()`,
+        as in HF."""
         if streamer is not None and not all(callable(getattr(streamer, m, None)) for m in ("put", "end")):
             raise InvalidInputError(f"streamer must have put() and end(), as HF streamers do; got {streamer!r:.50}")
         request = self.request(input_ids, attention_mask, generator, **kwargs)

@@ -1,10 +1,11 @@
 """Multi-turn chat that keeps its KV cache between turns: `rt.session()`.
 
-Owns: a conversation's messages, the cache row it holds (runtime.engine.Reservation), and deciding how
-much of that row each turn reuses. A turn renders the whole conversation with the chat template, as a
-fresh `generate` would see it, and reuses the longest prefix of those tokens whose keys and values the
-row already holds; only the rest is prefilled (runtime.prefill.prefill_more, via the engine). So a
-turn's output is exactly what a fresh `generate` over the whole conversation gives.
+Owns: a conversation's messages, the cache row it leases from the engine (runtime.engine.scheduler
+.Lease), and deciding how much of that row each turn reuses. A turn renders the whole conversation with
+the chat template (runtime.inputs), as a fresh `generate` would see it, and reuses the longest prefix of
+those tokens whose keys and values the row already holds; only the rest is prefilled (the engine
+continues the cache). So a turn's output is exactly what a fresh `generate` over the whole conversation
+gives.
 
 When the template renders an earlier reply as other tokens than were generated (trimmed whitespace,
 say), the reusable prefix ends there. A row whose sliding-window ring has wrapped cannot step back
@@ -21,7 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from runtime.errors import CacheOverflowError, InvalidInputError
-from runtime.handle import streamed
+from runtime.generation.outputs import streamed
+from runtime.inputs import chat_inputs, conversation, user_message
+from runtime.model.images import holds_image
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,8 @@ class Session:
         self.drop_oldest = drop_oldest  # when the cache would overflow: drop the oldest turns, or refuse
         self.messages: list[dict] = []
         self.last: Turn | None = None
-        self._reservation = rt.engine.reserve()
-        self._release = weakref.finalize(self, rt.engine.unreserve, self._reservation)  # also if never closed
+        self._lease = rt.engine.lease()
+        self._release = weakref.finalize(self, rt.engine.unlease, self._lease)  # also if never closed
         self._lock = threading.Lock()
 
     def __enter__(self) -> Session:
@@ -60,21 +63,21 @@ class Session:
         """Give the row back (after the turn in flight, if another thread is in one)."""
         with self._lock:
             self._release()
-            self._reservation = None
+            self._lease = None
 
     def reset(self) -> None:
         """Forget the conversation (the system prompt stays); the next turn starts from an empty row."""
         with self._lock:
             self.messages = []
-            if self._reservation is not None:
-                self._reservation.ids = None
+            if self._lease is not None:
+                self._lease.held = None
 
     def send(self, message, images=(), streamer=None, **generate_kwargs) -> str:
         """Add a user turn (text, or a message dict / list of them) and generate the reply; returns its
         text. `generate_kwargs` are `generate`'s (max_new_tokens, do_sample, stop_strings, ...); a
         streamer sees the reply as it is generated. Interrupted (Ctrl-C), the reply so far is kept."""
         with self._lock:
-            if self._reservation is None:
+            if self._lease is None:
                 raise InvalidInputError("this session is closed; open another with rt.session()")
             before = list(self.messages)
             self.messages += _user_messages(message, images)
@@ -100,7 +103,7 @@ class Session:
     def _run(self, request, streamer, dropped: int) -> str:
         ids = request.input_ids  # (1, T)
         reuse = self._reusable(ids, request.model_inputs)
-        handle = self.rt.engine.submit(request, reservation=self._reservation, reuse=reuse)
+        handle = self.rt.engine.submit(request, lease=self._lease, reuse=reuse)
         tokens = []
         try:
             for token, _ in streamed(handle, streamer):
@@ -117,17 +120,12 @@ class Session:
         return reply
 
     def _inputs(self) -> dict:
-        system = [{"role": "system", "content": self.system}] if self.system else []
-        processor = self.rt.processor
-        inputs = processor.apply_chat_template(
-            system + self.messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
-        )
-        return dict(inputs)
+        return chat_inputs(self.rt, conversation(self.system, self.messages))
 
     def _reusable(self, ids: torch.Tensor, model_inputs: dict) -> int:
         """How many leading tokens of `ids` the row holds already (at most all but the last, which the
         decode step takes)."""
-        held = self._reservation.ids
+        held = self._lease.held
         if held is None:
             return 0
         n = min(held.shape[1], ids.shape[1] - 1)
@@ -135,16 +133,12 @@ class Session:
         common = int(same.cumprod(0).sum())
         if common < held.shape[1] - 1 and self._ring_wrapped(held.shape[1]):
             return 0
-        if "pixel_values" in model_inputs and self._has_image(ids[0, common:]):
+        if "pixel_values" in model_inputs and holds_image(self.rt.model.config, ids[0, common:]):
             return 0
         return common
 
     def _ring_wrapped(self, cached: int) -> bool:
-        return any(layer.window and cached > layer.slots for layer in self.rt.layout)
-
-    def _has_image(self, ids: torch.Tensor) -> bool:
-        token = getattr(self.rt.model.config, "image_token_id", None)
-        return token is not None and bool((ids == token).any())
+        return any(layer.window and cached > layer.slots for layer in self.rt.contract.layout)
 
     def _drop_oldest_turn(self) -> bool:
         """Remove the oldest user turn and what answered it; False when only the newest is left."""
@@ -162,7 +156,4 @@ def _user_messages(message, images) -> list[dict]:
         return list(message)
     if not isinstance(message, str):
         raise InvalidInputError(f"send() takes text or chat messages, got {type(message).__name__}")
-    if not images:
-        return [{"role": "user", "content": message}]
-    content = [{"type": "image", "image": image} for image in images] + [{"type": "text", "text": message}]
-    return [{"role": "user", "content": content}]
+    return [user_message(message, images)]

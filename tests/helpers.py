@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from runtime.manifest import MANIFEST, _digest
+from runtime.format.files import MANIFEST
+from runtime.format.manifest import _digest
 
 LOGIT_ATOL = 1e-4  # fp32
 
@@ -63,23 +64,6 @@ def chat(rt_or_tok, conversations: list[list[dict]]) -> dict:
             padding=True,
         )
     )
-
-
-class EagerDecode:
-    """The exporter's decode step run eagerly, called through the runtime's DecodeContract checks: a
-    stand-in for the `.so` where a test is about what the runtime does around the step."""
-
-    def __init__(self, model, layout, batch: int, max_cache_len: int):
-        from exporter.model import decode_module
-        from runtime.contract import DecodeContract
-
-        self.step = decode_module(model, layout)
-        self.contract = DecodeContract(layout, batch, max_cache_len, "float32", "cpu")
-
-    def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv):
-        inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
-        self.contract.check(inputs)
-        return self.step(*inputs)
 
 
 def staggered(submit, requests):

@@ -17,7 +17,8 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from exporter.bench.plan import BenchConfig, export_variant, machine, run
+from exporter.bench.build import export_variant, machine, run
+from exporter.bench.config import BenchConfig
 from exporter.bench.report import verdict_of
 from exporter.source import checkpoint_dir
 

@@ -12,12 +12,11 @@ decode (eager, torch.compile or AOTInductor, which all call it) can reach.
 from __future__ import annotations
 
 import math
-import statistics
-import time
 
 import torch
 
-from runtime.manifest import Manifest
+from exporter.timing import median_seconds
+from runtime.format.manifest import Manifest
 
 
 def read_bandwidth(nbytes: int, threads: int, repeats: int = 9) -> float:
@@ -33,18 +32,8 @@ def read_bandwidth(nbytes: int, threads: int, repeats: int = 9) -> float:
     torch.set_num_threads(threads)
     buffer = torch.ones(max(nbytes // 4 // 1024, 1) * 1024, dtype=torch.float32)  # (n,)
     matrix, vector = buffer.view(-1, 1024), torch.ones(1024)  # (n / 1024, 1024), (1024,)
-    fastest = min(_median_seconds(read, repeats) for read in (buffer.sum, lambda: torch.mv(matrix, vector)))
+    fastest = min(median_seconds(read, repeats=repeats) for read in (buffer.sum, lambda: torch.mv(matrix, vector)))
     return buffer.numel() * 4 / fastest
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    fn()  # page in, pick the kernel
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def gemv_bandwidth(rows: int, cols: int, dtype: torch.dtype, threads: int, repeats: int = 9) -> float:
@@ -53,7 +42,7 @@ def gemv_bandwidth(rows: int, cols: int, dtype: torch.dtype, threads: int, repea
     weight = torch.full((rows, cols), 0.01, dtype=dtype)  # (rows, cols), e.g. (vocab, hidden)
     x = torch.full((1, cols), 0.01, dtype=dtype)  # (1, cols): one token
     with torch.inference_mode():
-        seconds = _median_seconds(lambda: torch.nn.functional.linear(x, weight), repeats)
+        seconds = median_seconds(torch.nn.functional.linear, x, weight, repeats=repeats)
     return weight.numel() * weight.element_size() / seconds
 
 

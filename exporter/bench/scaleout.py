@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from exporter.bench.plan import BenchConfig
+from exporter.bench.config import BenchConfig
 from exporter.bench.serving import aotpack_command, run_servers
 
 SERVERS = {"aotpack serve": None, "aotpack serve --ray --replicas 1": 1, "aotpack serve --ray --replicas 2": 2}

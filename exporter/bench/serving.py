@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from exporter.bench.plan import BenchConfig, export_variant, machine
+from exporter.bench.build import export_variant, machine
+from exporter.bench.config import BenchConfig
 from exporter.bench.report import verdict_of
 from exporter.source import checkpoint_dir
 

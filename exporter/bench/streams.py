@@ -2,7 +2,7 @@
 
 Owns: the concurrency measurement. One loaded bundle serves 1 stream, then N streams at once, then
 N - 1 streams while a long prompt is admitted, whole and in chunks. Token times are the engine's own
-(runtime.handle: when each step's tokens were produced), so the caller's threads add nothing.
+(runtime.engine.handle: when each step's tokens were produced), so the caller's threads add nothing.
 
 - aggregate tokens/s: tokens produced while all N streams decode, over that time;
 - inter-token latency (ITL): gaps between a stream's tokens (the first few of each stream skipped);

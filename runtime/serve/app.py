@@ -24,7 +24,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from runtime.errors import EngineClosedError, InvalidInputError, QueueFullError, RuntimeBusyError
 from runtime.serve.completion import TextStream, generate_options
 from runtime.serve.config import ServeConfig
-from runtime.serve.messages import chat_inputs, prompt_inputs
+from runtime.serve.messages import chat_inputs, chat_messages, prompt_inputs
 from runtime.serve.metrics import Metrics
 from runtime.serve.schema import ChatRequest, CompletionRequest
 
@@ -46,7 +46,7 @@ def error_response(status: int, message: str, kind: str, headers=None) -> JSONRe
 def create_app(rt, config: ServeConfig) -> FastAPI:
     app = FastAPI(title="aotpack", docs_url=None, redoc_url=None)
     app.state.rt, app.state.config, app.state.ready = rt, config, True
-    app.state.metrics = Metrics(rt.engine, rt.manifest.batch_size)
+    app.state.metrics = Metrics(rt.engine, rt.contract.batch_size)
     _install_guards(app, config)
     _install_errors(app)
     _install_probes(app)
@@ -100,7 +100,7 @@ def _install_probes(app: FastAPI) -> None:
     async def ready():
         if not app.state.ready:
             return error_response(503, "shutting down", "unavailable")
-        return {"status": "ready", "slots": app.state.rt.manifest.batch_size}
+        return {"status": "ready", "slots": app.state.rt.contract.batch_size}
 
     @app.get("/metrics")
     async def metrics():
@@ -115,8 +115,12 @@ def _install_probes(app: FastAPI) -> None:
 def _install_generation(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
-        config = app.state.config
-        return await _respond(app, body, lambda rt: chat_inputs(rt, body.messages, config.max_image_pixels), "chat")
+        pixels = app.state.config.max_image_pixels
+
+        def inputs(rt):
+            return chat_inputs(rt, chat_messages(body.messages, rt.is_multimodal, pixels))
+
+        return await _respond(app, body, inputs, "chat")
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
@@ -127,8 +131,7 @@ async def _respond(app: FastAPI, body, build_inputs, kind: str):
     rt = app.state.rt
     inputs, handle, options = await run_in_threadpool(_submit, app, body, build_inputs)
     prompt_tokens = inputs["input_ids"].shape[1]
-    eos = handle.request.eos_ids
-    text = TextStream(rt.tokenizer, handle, body.stop, eos, options["max_new_tokens"])
+    text = TextStream(rt.tokenizer, handle, body.stop)
     reply = Reply(kind, app.state.config.name, prompt_tokens)
     if body.stream:
         return StreamingResponse(_events(app, handle, text, reply, body), media_type="text/event-stream")

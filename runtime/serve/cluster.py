@@ -20,10 +20,11 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from runtime.bundle import read_manifest
 from runtime.errors import AotpackError
+from runtime.format.reader import read_manifest
 from runtime.serve.app import create_app
 from runtime.serve.config import RayConfig, ServeConfig
 from runtime.serve.server import bind
@@ -43,12 +44,7 @@ class Replica:
 
         self.config, self.name = config, f"{socket.gethostname()}:{os.getpid()}"
         try:
-            self.rt = load(
-                config.bundle,
-                num_threads=config.threads,
-                prefill_chunk=config.prefill_chunk,
-                **config.backend.options(),
-            )
+            self.rt = load(config.bundle, config.load)
         except AotpackError as e:  # the deployment status shows this line: say which node could not load
             raise type(e)(f"replica on {self.name}: {e}") from None
         self.rt.tokenizer  # noqa: B018 (loaded now: the first request should not pay for it)
@@ -92,7 +88,7 @@ def deployment(config: ServeConfig, ray_config: RayConfig, rows: int):
         # rows the moment they free; Ray's proxy queues the rest and sends it to the least-loaded replica.
         max_ongoing_requests=2 * rows,
         max_queued_requests=config.max_queue if config.max_queue else -1,
-        ray_actor_options={"num_cpus": config.threads}
+        ray_actor_options={"num_cpus": config.load.num_threads}
         | ({"label_selector": ray_config.label_selector} if ray_config.labels else {}),
         graceful_shutdown_timeout_s=config.shutdown_grace,
         max_constructor_retry_count=ray_config.constructor_retries,
@@ -107,7 +103,8 @@ def deploy(config: ServeConfig, ray_config: RayConfig) -> str:
     rows = read_manifest(config.bundle).batch_size
     # Each replica reserves its threads as Ray CPUs. The path is made absolute here, as replicas do not
     # share the driver's working directory; on a cluster it must name the same bundle on every node.
-    config = config.replace(threads=config.threads or 1, bundle=Path(config.bundle).resolve())
+    load = replace(config.load, num_threads=config.load.num_threads or 1)
+    config = config.replace(load=load, bundle=Path(config.bundle).resolve())
     serve.start(http_options={"host": config.host, "port": config.port})
     app = deployment(config, ray_config, rows).bind(config)
     try:

@@ -2,7 +2,8 @@
 
 Owns: mapping OpenAI's sampling fields onto `generate` options, and `TextStream`, which turns a
 request's tokens into text pieces cut at the first stop string (excluded, as OpenAI does) while
-holding back only as much text as could still start one.
+holding back only as much text as could still start one, and says why the reply ended: "stop" when it
+cut at a stop string, else what the engine recorded (runtime.engine.status.FinishReason.openai).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from runtime.text import stream_text
 def generate_options(request, rt, prompt_tokens: int) -> dict:
     """OpenAI fields -> `rt.submit` keyword arguments. temperature 0 is greedy; no sampling field at all
     keeps the bundle's generation defaults; no max_tokens means up to the end of the cache."""
-    options: dict = {"max_new_tokens": request.token_budget or max(1, rt.manifest.max_cache_len - prompt_tokens)}
+    options: dict = {"max_new_tokens": request.token_budget or max(1, rt.contract.max_cache_len - prompt_tokens)}
     if request.temperature == 0:
         options["do_sample"] = False
     elif request.temperature is not None or request.top_p is not None:
@@ -25,25 +26,22 @@ def generate_options(request, rt, prompt_tokens: int) -> dict:
     if request.stop:
         options["stop_strings"] = list(request.stop)
     if request.seed is not None:
-        options["generator"] = torch.Generator(rt.manifest.device).manual_seed(request.seed)
+        options["generator"] = torch.Generator(rt.contract.device).manual_seed(request.seed)
     return options
 
 
 class TextStream:
     """Iterate for text pieces; afterwards `finish_reason` and `completion_tokens` are set."""
 
-    def __init__(self, tokenizer, handle, stops: list[str] | None, eos_ids, budget: int):
+    def __init__(self, tokenizer, handle, stops: list[str] | None):
         self.tokenizer, self.handle = tokenizer, handle
         self.stops = list(stops or [])
-        self.eos_ids, self.budget = set(eos_ids), budget
         self.completion_tokens = 0
         self.finish_reason: str | None = None
-        self._last = None
 
     def _tokens(self) -> Iterator[torch.Tensor]:
         for token in self.handle.tokens():
             self.completion_tokens += 1
-            self._last = int(token[0])
             yield token
 
     def __iter__(self) -> Iterator[str]:
@@ -63,8 +61,7 @@ class TextStream:
                 sent = len(text) - hold
         if len(text) > sent:
             yield text[sent:]
-        ended_by_model = self._last in self.eos_ids or self.completion_tokens < self.budget
-        self.finish_reason = "stop" if ended_by_model else "length"
+        self.finish_reason = self.handle.finish_reasons[0].openai
 
     def _first_stop(self, text: str, start: int) -> int | None:
         found = [i for s in self.stops if (i := text.find(s, start)) >= 0]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from runtime.backend import Backend
+from runtime.config import LoadConfig
 from runtime.errors import InvalidInputError
+
+PREFILL_CHUNK = 64  # a server prefills long prompts a chunk per decode step: its other streams keep going
 
 
 @dataclass(frozen=True)
@@ -16,13 +18,11 @@ class ServeConfig:
     port: int = 8000
     max_queue: int = 64  # requests waiting for cache rows before 429
     api_key: str | None = None  # required as `Authorization: Bearer KEY` when set
-    prefill_chunk: int | None = 64  # long prompts prefilled a chunk per decode step (None: whole)
-    threads: int | None = None
     max_body_bytes: int = 16 * 2**20  # request bodies, images included (base64)
     max_image_pixels: int = 16 * 2**20  # per decoded image; larger ones (decompression bombs) are refused
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
     model_name: str | None = None  # the id /v1/models reports (default: the bundle directory's name)
-    backend: Backend = Backend()
+    load: LoadConfig = field(default_factory=lambda: LoadConfig(prefill_chunk=PREFILL_CHUNK))
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -30,8 +30,6 @@ class ServeConfig:
         for name in ("max_queue", "max_body_bytes", "max_image_pixels"):
             if getattr(self, name) < 0:
                 raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.prefill_chunk is not None and self.prefill_chunk < 1:
-            raise InvalidInputError(f"--prefill-chunk must be >= 1 (or 0 for whole prompts), got {self.prefill_chunk}")
         if self.shutdown_grace < 0:
             raise InvalidInputError(f"--shutdown-grace must be >= 0, got {self.shutdown_grace}")
         if self.api_key is not None and not self.api_key:

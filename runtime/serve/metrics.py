@@ -2,7 +2,7 @@
 
 Owns: requests by endpoint and status, prompt and generated tokens, queue depth and cache rows in use
 (read from the engine when scraped), and histograms of time to first token and inter-token latency
-(from the engine's own token times, runtime.handle).
+(from the engine's own token times, runtime.engine.request).
 """
 
 from __future__ import annotations

@@ -42,14 +42,14 @@ def serve(config: ServeConfig, out=sys.stdout) -> None:
     from runtime.runtime import load
 
     start = time.perf_counter()
-    rt = load(config.bundle, num_threads=config.threads, prefill_chunk=config.prefill_chunk, **config.backend.options())
+    rt = load(config.bundle, config.load)
     rt.tokenizer  # noqa: B018 (loaded now: the first request should not pay for it)
     sock = bind(config.host, config.port)
     app = create_app(rt, config)
     host, port = sock.getsockname()[:2]
     m = rt.manifest
     print(
-        f"aotpack serve: {config.bundle} ({m.model_class}, {m.dtype}, {m.batch_size} slots, {config.backend.name} "
+        f"aotpack serve: {config.bundle} ({m.model_class}, {m.dtype}, {m.batch_size} slots, {config.load.backend} "
         f"decode) on http://{host}:{port}, "
         f"loaded in {time.perf_counter() - start:.1f} s",
         file=out,

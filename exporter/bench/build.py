@@ -1,0 +1,75 @@
+"""What every benchmark mode does around its measurement: run a command, export a variant's bundle with
+`aotpack export`, describe the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from exporter.bench import BenchError
+from exporter.bench.config import variant_dtype
+from runtime.format.quant import METHODS
+
+
+def run(cmd: list[str], env: dict | None = None) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise BenchError(f"{' '.join(cmd[:4])} … failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def export_variant(
+    checkpoint: Path, bundle: Path, variant: str, max_cache_len: int, gemv: str, batch: int = 1, onnx: bool = False
+) -> float:
+    """Build the variant's bundle with `aotpack export` (`onnx`: with decode.onnx); returns the build time
+    in seconds."""
+    start = time.perf_counter()
+    quantize = ["--quantize", variant] if variant in METHODS else []
+    quantize += ["--onnx"] if onnx else []
+    run(
+        [
+            sys.executable,
+            "-m",
+            "exporter.cli",
+            "export",
+            str(checkpoint),
+            "--out",
+            str(bundle),
+            "--dtype",
+            variant_dtype(variant),
+            *quantize,
+            "--gemv",
+            gemv,
+            "--max-cache-len",
+            str(max_cache_len),
+            "--batch-size",
+            str(batch),
+            "--force",
+        ]
+    )
+    return time.perf_counter() - start
+
+
+# the vector ISAs that decide which kernels Inductor and llama.cpp can use on this CPU
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def machine() -> dict:
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    field = lambda name: next((line.split(":", 1)[1].strip() for line in info if line.startswith(name)), "")  # noqa: E731
+    flags = set(field("flags").split())
+    return {
+        "cpu": field("model name") or platform.processor(),
+        "isa": [flag for flag in ISA_FLAGS if flag in flags],
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+    }

@@ -1,0 +1,94 @@
+"""`aotpack bench`'s options, checked once at the edge, and what each variant runs.
+
+Owns: which variants (dtypes, quantizations) and systems a run measures, and which mode it is
+(exporter.bench.modes).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.bench import BenchError
+from exporter.bench.llama_cpp import llama_cpp_available
+from exporter.bench.worker import ONNX_SYSTEMS, SYSTEMS
+from runtime.format.quant import METHODS
+
+HF_SYSTEMS = ("hf_eager", "hf_compile")
+
+HF_COMPILE_NOTE = (
+    "HF generate with cache_implementation='static' and a CompileConfig(fullgraph=True) whose "
+    "_compile_all_devices=True forces torch.compile on CPU (generate compiles only on GPUs otherwise)"
+)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str = "gemma3-270m-arch"
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    quantize: tuple[str, ...] = ()  # extra variants: weight-only int8/int4 bundles with float32 activations
+    llama_cpp_converter: Path | None = None  # llama.cpp's convert_hf_to_gguf.py (in the llama-cpp-python sdist)
+    gemv: str = "tune"  # passed to `aotpack export --gemv`
+    prompt_len: int = 32
+    new_tokens: int = 64
+    threads: int = os.cpu_count() or 1
+    out: Path = Path("artifacts/bench")
+    systems: tuple[str, ...] = SYSTEMS
+    rounds: int = 1
+    streams: int | None = None  # continuous-batching mode (exporter.bench.concurrency): N concurrent streams
+    long_prompt: int = 512  # ...and the prompt admitted while N - 1 of them decode
+    prefill_chunk: int = 32  # ...prefilled whole, then in chunks of this many tokens
+    serve: bool = False  # `aotpack serve` against `transformers serve` (exporter.bench.serving), N = streams
+    ray: bool = False  # with serve: alone and on Ray Serve with 1 and 2 replicas (exporter.bench.scaleout)
+    onnx: bool = False  # the float32 bundle also decodes on ONNX Runtime (its decode.onnx), as two more systems
+
+    def __post_init__(self):
+        if self.prompt_len < 1 or self.new_tokens <= 4:
+            raise BenchError(
+                f"--prompt-len must be >= 1 and --new-tokens > 4, got {self.prompt_len}, {self.new_tokens}"
+            )
+        if self.rounds < 1:
+            raise BenchError(f"--rounds must be >= 1, got {self.rounds}")
+        if self.serve and self.streams is None:
+            raise BenchError("--serve needs --streams N: the number of concurrent clients")
+        if self.ray and not self.serve:
+            raise BenchError("--ray compares servers: add --serve and --streams N")
+        if self.streams is not None and (self.streams < 2 or len(self.variants) != 1):
+            raise BenchError(
+                f"--streams needs N >= 2 and exactly one variant (one --dtype or --quantize), got "
+                f"{self.streams} and {list(self.variants)}"
+            )
+        if unknown := set(self.systems) - set(SYSTEMS):
+            raise BenchError(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+        if unknown := set(self.quantize) - set(METHODS):
+            raise BenchError(f"unknown --quantize {sorted(unknown)}; choose from {METHODS}")
+        if self.onnx and ("float32" not in self.dtypes or self.streams is not None):
+            raise BenchError(
+                "--onnx benchmarks the float32 bundle at batch 1: keep float32 among --dtype, no --streams"
+            )
+        if self.llama_cpp_converter is not None and not Path(self.llama_cpp_converter).is_file():
+            raise BenchError(
+                f"--llama-cpp-converter {self.llama_cpp_converter} is not a file; it is "
+                "vendor/llama.cpp/convert_hf_to_gguf.py in the llama-cpp-python sdist"
+            )
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(self.dtypes) + tuple(self.quantize)
+
+    def systems_for(self, variant: str) -> tuple[str, ...]:
+        onnx = self.onnx and variant == "float32"  # ONNX Runtime decodes float32 bundles only
+        systems = [
+            s
+            for s in self.systems
+            if s != "llama_cpp" and (variant in self.dtypes or s not in HF_SYSTEMS) and (onnx or s not in ONNX_SYSTEMS)
+        ]
+        if "llama_cpp" in self.systems and self.llama_cpp_converter is not None and llama_cpp_available():
+            systems.append("llama_cpp")
+        return tuple(systems)
+
+
+def variant_dtype(variant: str) -> str:
+    """The bundle dtype of a variant: quantized variants keep float32 activations, KV cache and norms."""
+    return "float32" if variant in METHODS else variant

@@ -1,0 +1,144 @@
+"""The `aoti` backend: the compiled single-token decode step, loaded from the bundle's `.pt2`.
+
+Owns: whether this process can run the `.so` (the torch build it was compiled with, the device, the
+CPU ISA), loading the AOTInductor package from a private copy of its verified bytes, checking it was
+compiled for the manifest's signature, lending it the eager model's weight tensors (no second copy),
+and calling it. AOTInductor validates nothing and only warns on a mismatched ISA, so every check here
+runs before native code does, and every call is checked against the contract (runtime.backends.checks).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from runtime import compat
+from runtime.backends.base import Backend
+from runtime.backends.checks import check_step_inputs, lend_constants
+from runtime.errors import BundleError, IncompatibleBundleError
+from runtime.format.contract import DecodeContract
+from runtime.format.files import DECODE, read_verified
+from runtime.format.manifest import Manifest
+
+
+class CompiledDecode:
+    """The compiled step, called through the bundle's DecodeContract:
+    input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab)."""
+
+    def __init__(self, package: Path, model: nn.Module, manifest: Manifest, sha256: str | None = None):
+        """`sha256`: what the package's bytes must hash to (the manifest's entry); the loaded code is then
+        exactly the verified bytes, even if the bundle's file is replaced meanwhile."""
+        self.contract = DecodeContract.of(manifest)
+        constants = lend_constants(model, manifest.constants, manifest.device)
+        with _private_copy(Path(package), sha256) as private:
+            try:
+                self._loader = compat.load_aoti_package(str(private))
+            except RuntimeError as e:  # a damaged package whose hash was recomputed, a missing symbol
+                raise BundleError(
+                    f"{Path(package).name} could not be loaded ({str(e)[:300]}); re-export the bundle"
+                ) from None
+        self.contract.check_package(self._loader.get_metadata())  # before any native call
+        expected = set(self._loader.get_constant_fqns())
+        if expected != set(constants):
+            raise BundleError(
+                f"compiled decode expects constants {sorted(expected - set(constants))[:5]} the manifest does "
+                "not provide; the bundle is inconsistent, re-export it"
+            )
+        compat.lend_constants(self._loader, constants)  # user-managed: one copy of every weight
+        self._run = self._loader.run  # flat inputs: no per-step pytree flattening
+
+    def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> torch.Tensor:
+        inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
+        check_step_inputs(self.contract, inputs)
+        return self._run(inputs)[0]
+
+
+@contextmanager
+def _private_copy(package: Path, sha256: str | None):
+    """The package's bytes, checked against `sha256`, in a fresh private directory that is also where
+    the AOTInductor loader unpacks the `.so` (it follows TMPDIR). Checking the file and then loading the
+    same path would let a swap in between run unchecked code; and a failed load used to leave its
+    unpacked `/tmp/aotinductor_*` behind. The directory goes once the loader has mapped the `.so`."""
+    private = Path(tempfile.mkdtemp(prefix="aotpack-decode-"))
+    previous = os.environ.get("TMPDIR")
+    try:
+        data = read_verified(package, sha256)
+        copy = private / package.name
+        copy.write_bytes(data)
+        os.environ["TMPDIR"] = str(private)
+        yield copy
+    finally:
+        if previous is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous
+        shutil.rmtree(private, ignore_errors=True)
+
+
+# AOTInductor's ISA names (AOTI_CPU_ISA, lower-cased) -> the CPU flags each needs, as Linux lists
+# them in /proc/cpuinfo. Reading the flags costs microseconds; Inductor's own probe compiles test
+# programs and imports torch._dynamo, about 6 s of start-up.
+ISA_FLAGS = {
+    "avx2": {"avx2", "fma"},
+    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
+    "avx512_vnni": {"avx512_vnni"},
+    "amx_tile": {"amx_tile", "amx_bf16", "amx_int8"},
+    "asimd": {"asimd"},
+    "neon": {"asimd"},
+}
+
+
+def cpu_flags() -> set[str] | None:
+    """This CPU's feature flags, or None where /proc/cpuinfo does not exist."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    lines = (line.split(":", 1) for line in text.splitlines() if line.startswith(("flags", "Features")))
+    return {flag for _, value in lines for flag in value.split()}
+
+
+def check_cpu_isa(required: str | None) -> None:
+    flags = cpu_flags()
+    for name in (required or "").lower().split():
+        if name not in ISA_FLAGS:
+            raise IncompatibleBundleError(
+                f"bundle needs CPU ISA {name!r}, which aotpack cannot check; re-export on this machine"
+            )
+        missing = ISA_FLAGS[name] - flags if flags is not None else set()
+        if missing:
+            raise IncompatibleBundleError(
+                f"bundle's decode was compiled for CPU ISA {required!r}, but this CPU lacks {name!r} "
+                f"(flags {sorted(missing)}); re-export on this machine, or export with `--cpu-isa avx2` "
+                "for a portable bundle"
+            )
+
+
+class AotiBackend(Backend):
+    name = "aoti"
+
+    def files(self, manifest) -> tuple[str, ...]:
+        return (DECODE,)
+
+    def check_compatible(self, manifest) -> None:
+        """The `.so` is tied to the torch build it was compiled with, its device and its CPU ISA."""
+        if manifest.torch_version != torch.__version__:
+            raise IncompatibleBundleError(
+                f"bundle was compiled with torch {manifest.torch_version}, this process has torch {torch.__version__}; "
+                f"install torch=={manifest.torch_version} or re-export the bundle with this torch"
+            )
+        super().check_compatible(manifest)
+        if manifest.device == "cpu":
+            check_cpu_isa(manifest.cpu_isa)
+
+    def open(self, bundle: Path, model, manifest, config) -> CompiledDecode:
+        return CompiledDecode(bundle / DECODE, model, manifest, sha256=manifest.files[DECODE])
+
+
+BACKEND = AotiBackend()

@@ -1,0 +1,55 @@
+"""What a decode backend is: the protocol the engine steps through, and what every backend checks.
+
+A backend's `open` returns a `Decode`: a callable that takes the step's inputs in the contract's order
+(runtime.format.contract) with the KV cache, checks them (AOTInductor checks nothing: a wrong shape
+corrupts the heap), writes the new keys and values into the cache, and returns next-token logits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from runtime.errors import BundleError, IncompatibleBundleError
+
+
+class Decode(Protocol):
+    contract: object  # runtime.format.contract.DecodeContract
+
+    def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list) -> object:
+        """input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab) fp32."""
+
+
+class Backend:
+    """One way of running a bundle's decode step. Subclasses name the files they read and override
+    the checks that apply to them."""
+
+    name = ""
+
+    def files(self, manifest) -> tuple[str, ...]:
+        """The bundle files this backend reads to decode (besides the weights everyone reads)."""
+        return ()
+
+    def check_bundle(self, manifest, bundle: Path) -> None:
+        """The bundle lists the files this backend reads; a BundleError naming the fix otherwise."""
+        missing = [name for name in self.files(manifest) if name not in manifest.files]
+        if missing:
+            raise BundleError(f"{bundle} has no {missing[0]}, which the {self.name} backend decodes with; re-export it")
+
+    def check_compatible(self, manifest) -> None:
+        """This process can run the bundle's decode with this backend; IncompatibleBundleError otherwise."""
+        check_device(manifest.device)
+
+    def open(self, bundle: Path, model, manifest, config) -> Decode:
+        raise NotImplementedError
+
+
+def check_device(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise IncompatibleBundleError(
+                "bundle was compiled for device 'cuda' but no CUDA device is available here; "
+                "run it on a GPU machine or re-export with --device cpu"
+            )

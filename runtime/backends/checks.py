@@ -1,0 +1,83 @@
+"""What every backend checks before native code sees a tensor: the step's inputs against the
+contract, and the eager weights it lends against what the step was compiled for.
+
+AOTInductor validates nothing (a wrong shape corrupts the heap, a wrong dtype is misread), and ONNX
+Runtime checks shapes but not a cache position outside the cache; so each call is checked here first.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from runtime.errors import BundleError, InvalidInputError
+from runtime.format.contract import INPUT_NAMES, STEP_INPUTS, DecodeContract
+
+
+def check_step_inputs(contract: DecodeContract, inputs: list) -> None:
+    """Refuse anything the compiled step would misread: count, type, shape, dtype, device, layout,
+    and a cache position outside the cache."""
+    if len(inputs) != len(STEP_INPUTS) + 2 * len(contract.layout):
+        raise InvalidInputError(
+            f"the compiled decode takes {len(STEP_INPUTS)} inputs and {2 * len(contract.layout)} KV tensors, "
+            f"got {len(inputs)}"
+        )
+    first = inputs[0]
+    batch = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else 0
+    if not 1 <= batch <= contract.batch_size:
+        raise InvalidInputError(
+            f"batch {batch} is outside this bundle's 1..{contract.batch_size}; re-export with --batch-size {batch}"
+        )
+    for spec, tensor in zip(STEP_INPUTS, inputs, strict=False):
+        _expect(spec.name, tensor, contract.shape(spec, batch), getattr(torch, spec.dtype), contract.device)
+    cache_dtype = getattr(torch, contract.dtype)
+    for i, (shape, tensor) in enumerate(zip(contract.kv_shapes(batch), inputs[len(STEP_INPUTS) :], strict=True)):
+        _expect(f"layer {i // 2} {('keys', 'values')[i % 2]}", tensor, shape, cache_dtype, contract.device)
+    positions = inputs[INPUT_NAMES.index("cache_position")]
+    low, high = int(positions.min()), int(positions.max())
+    if low < 0 or high >= contract.max_cache_len:
+        bad = low if low < 0 else high
+        raise InvalidInputError(f"cache_position {bad} is outside the cache's 0..{contract.max_cache_len - 1}")
+
+
+def _expect(name: str, t, shape, dtype: torch.dtype, device: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise InvalidInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise InvalidInputError(f"{name} has shape {tuple(t.shape)}, the compiled decode needs {tuple(shape)}")
+    if t.dtype != dtype:
+        raise InvalidInputError(f"{name} has dtype {t.dtype}, the compiled decode needs {dtype}")
+    if t.device.type != device:
+        raise InvalidInputError(f"{name} is on {t.device}, the compiled decode runs on {device}")
+    if not t.is_contiguous():
+        raise InvalidInputError(f"{name} is not contiguous; call .contiguous() first")
+
+
+def lend_constants(model: nn.Module, constants, device: str) -> dict[str, torch.Tensor]:
+    """Map each compiled constant (runtime.format.manifest.Constant) to the eager model's own tensor,
+    refusing any that differs in dtype, shape or device from what the decode was compiled for (it would
+    misread it)."""
+    tensors = {}
+    for const in constants:
+        tensor = _eager_tensor(model, const)
+        expected = (getattr(torch, const.dtype), tuple(const.shape), device)
+        found = (tensor.dtype, tuple(tensor.shape), tensor.device.type)
+        if found != expected:
+            raise BundleError(
+                f"weight {const.module_path!r} is {found}, the compiled decode needs {expected}; "
+                "the bundle's config or weights do not match its decode, re-export it"
+            )
+        tensors[const.name] = tensor.data
+    return tensors
+
+
+def _eager_tensor(model: nn.Module, const) -> torch.Tensor:
+    for getter in (model.get_parameter, model.get_buffer):
+        try:
+            return getter(const.module_path)
+        except AttributeError:
+            continue
+    raise BundleError(
+        f"compiled constant {const.name!r} expects eager tensor {const.module_path!r}, which "
+        f"{type(model).__name__} does not have; the bundle does not match its config, re-export it"
+    )

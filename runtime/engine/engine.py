@@ -1,0 +1,226 @@
+"""Continuous batching: one loaded bundle serving many independent requests at once.
+
+Owns the loop, and the thread it runs in: schedule (runtime.engine.scheduler decides, under the lock),
+run (runtime.engine.runner prefills and steps, outside it), update (each request's next tokens, its
+end). Between two decode steps the loop drops cancelled requests, admits waiting ones into free rows
+(their eager prefill writes those rows only), and then advances every decoding request by one token
+with one call of the decode step. Each request keeps its own options, generator and stopping rules
+(runtime.engine.request); a request that fails (a raising prefill, say) fails alone.
+
+Why it pays: a decode step is bound by reading the weights, and one step over 8 rows reads them once.
+
+The loop's thread starts when a request arrives and ends when none is left, so an idle engine holds no
+thread and a dropped Runtime is freed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+import weakref
+
+import torch
+
+from runtime.engine.handle import Handle
+from runtime.engine.request import Request, RequestState
+from runtime.engine.runner import Runner
+from runtime.engine.scheduler import Lease, Plan, Scheduler
+from runtime.engine.status import FinishReason, Status
+from runtime.errors import RuntimeBusyError
+from runtime.format.contract import DecodeContract
+
+
+class Engine:
+    def __init__(
+        self, model, decode, contract: DecodeContract, busy_timeout: float = 300.0, prefill_chunk: int | None = None
+    ):
+        """`model` prefills, `decode` (a backend's step over the same weights) decodes, `contract` sizes
+        the cache. A request waits at most `busy_timeout` seconds for rows; with `prefill_chunk`, text
+        prompts longer than that are prefilled a chunk per step (None: whole prompts)."""
+        self.runner = Runner(model, decode, contract)
+        self.scheduler = Scheduler(contract.batch_size, busy_timeout, prefill_chunk)
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.steps = 0  # decode steps run, and the most requests one of them served
+        self.peak_running = 0
+        _ENGINES.add(self)
+
+    # ---- callers' side (any thread) ----
+    def submit(
+        self,
+        request: Request,
+        want_logits: bool = False,
+        max_waiting: int | None = None,
+        lease: Lease | None = None,
+        reuse: int = 0,
+    ) -> Handle:
+        """Queue a validated request (runtime.generation.validate); returns its handle at once. With
+        `max_waiting`, a request that would find that many already waiting is refused instead. With a
+        `lease` (a session's row) the request runs in that row, whose first `reuse` cached tokens are the
+        prompt's first `reuse` tokens: only the rest is prefilled."""
+        state = RequestState(request, want_logits, lease, reuse if lease is not None else 0)
+        with self._cond:
+            self.scheduler.add(state, max_waiting)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="aotpack-engine", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return Handle(state, self.cancel)
+
+    def cancel(self, state: RequestState) -> None:
+        """Stop a request; its rows are freed before the next step."""
+        with self._cond:
+            if state.status is not Status.FINISHED:
+                state.cancel_requested = True
+                self._cond.notify()
+
+    def lease(self) -> Lease:
+        """Hold the lowest free row for a session until `unlease`."""
+        with self._cond:
+            return self.scheduler.lease()
+
+    def unlease(self, lease: Lease) -> None:
+        with self._cond:
+            self.scheduler.unlease(lease)
+
+    def stop_admitting(self) -> None:
+        """New submissions raise EngineClosedError; what is queued or running carries on."""
+        with self._cond:
+            self.scheduler.close()
+
+    def close(self, grace: float = 0.0) -> None:
+        """Admit nothing new; let the requests in flight finish for up to `grace` seconds, then cancel
+        the rest and wait for the loop to end."""
+        self.stop_admitting()
+        with self._cond:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=grace)
+        with self._cond:
+            for state in [*self.scheduler.waiting, *self.scheduler.running]:
+                state.cancel_requested = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(requests running, requests waiting)."""
+        with self._cond:
+            return len(self.scheduler.running), len(self.scheduler.waiting)
+
+    @property
+    def rows_in_use(self) -> int:
+        return self.scheduler.rows_in_use
+
+    @property
+    def kv(self) -> list[torch.Tensor]:
+        return self.runner.kv
+
+    # ---- the loop's side ----
+    def _loop(self) -> None:
+        torch.set_num_threads(torch.get_num_threads())  # this thread's OpenMP team, as the process set it
+        with torch.inference_mode():
+            while (plan := self._next_plan()) is not None:
+                self._carry_out(plan)
+
+    def _next_plan(self) -> Plan | None:
+        """Under the lock: the next iteration's plan; None when nothing is left (the thread then ends)."""
+        with self._cond:
+            while True:
+                plan = self.scheduler.plan(time.monotonic())
+                if not plan.empty or self.scheduler.running:
+                    return plan
+                if self.scheduler.idle:
+                    self._thread = None
+                    return None
+                self._cond.wait(timeout=self.scheduler.deadline(time.monotonic()))
+
+    def _carry_out(self, plan: Plan) -> None:
+        for state in plan.released:
+            self._end(state, FinishReason.CANCELLED)
+        for state in plan.dropped:
+            state.finish(FinishReason.CANCELLED)
+        for state in plan.expired:
+            state.finish(FinishReason.FAILED, self._busy())
+        for state in plan.admitted:
+            self._begin(state)
+        for piece in plan.prefill:
+            self._prefill(piece)
+        with self._cond:
+            decoding, width = self.scheduler.decoding()
+        if decoding:
+            self._step(decoding, width)
+
+    def _begin(self, state: RequestState) -> None:
+        """Rows a request takes start clean, unless they hold its session's conversation."""
+        if state.fed == 0:
+            self.runner.clear(state.rows)
+        if state.status is Status.DECODING:  # the session's row holds the whole prompt but its last token
+            self.runner.begin_decoding(state, state.fed)
+
+    def _prefill(self, piece) -> None:
+        try:
+            logits = self.runner.prefill(piece)
+            with self._cond:
+                self.scheduler.prefilled(piece)
+            if logits is not None:
+                self._emit(piece.state, logits)
+        except Exception as e:  # this request fails alone; its rows are cleared for the next
+            self._end(piece.state, FinishReason.FAILED, e)
+
+    def _step(self, decoding: list[RequestState], width: int) -> None:
+        """One decode call advances every decoding request by one token."""
+        self.steps += 1
+        self.peak_running = max(self.peak_running, len(decoding))
+        try:
+            logits = self.runner.step(decoding, width)  # (width, vocab)
+        except Exception as e:
+            for state in decoding:
+                self._end(state, FinishReason.FAILED, e)
+            return
+        for state in decoding:
+            try:
+                self._emit(state, logits[state.rows])
+            except Exception as e:
+                self._end(state, FinishReason.FAILED, e)
+
+    def _emit(self, state: RequestState, logits: torch.Tensor) -> None:
+        token = state.choose(logits)  # (b,)
+        state.put(token, logits)
+        if state.done:
+            self._end(state)
+        else:
+            self.runner.feed(state, token)
+
+    def _end(self, state: RequestState, reason: FinishReason | None = None, error: BaseException | None = None):
+        """Free a request's rows (or hand a session's row back to it, keeping what it holds) and end it."""
+        with self._cond:
+            if state in self.scheduler.running:
+                self.scheduler.finish(state)
+        if state.lease is not None:
+            cached = self.runner.keep(state, failed=error is not None)
+            state.lease.held = state.history[:, :cached] if cached else None
+        elif state.rows is not None:
+            self.runner.release(state.rows)
+        state.finish(reason, error)
+
+    def _busy(self) -> RuntimeBusyError:
+        s = self.scheduler
+        return RuntimeBusyError(
+            f"no free cache rows for {s.busy_timeout:g} s: all {len(s.owners)} of this bundle's rows are "
+            "generating; retry, raise busy_timeout, or re-export with a larger --batch-size"
+        )
+
+
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At interpreter exit, stop the loops between two steps: a daemon thread frozen inside a native
+    call while the interpreter finalizes aborts the process ("terminate called")."""
+    for engine in list(_ENGINES):
+        engine.close()

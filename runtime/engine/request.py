@@ -1,0 +1,177 @@
+"""One request, from submission to its end: the validated call, and the state the engine owns.
+
+Owns: `Request`, what a validated generate() call asks for (runtime.generation.validate builds it);
+`RequestState`, the one record of a request's progress (status, its cache rows, how much of the prompt
+is in the cache, what it has generated, and why each of its sequences ended); and choosing the next
+tokens from a step's logits exactly as HF `generate` does: transformers' own logits processors over the
+request's history, greedy or sampled with the request's own generator, finished rows padded with the
+pad id, transformers' own stopping criteria ending rows (length, time, stop strings, eos, the caller's).
+
+The engine's thread is the only writer of a state; a caller reads it through its Handle
+(runtime.engine.handle) once the engine says it is finished, or through the token stream before that.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation import LogitsProcessorList, StoppingCriteriaList
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    StopStringCriteria,
+)
+
+from runtime.engine.sampling import next_token
+from runtime.engine.status import FinishReason, Status
+
+# Several criteria can end a row at the same step: the model's own stop wins, then the request's stops,
+# then the limits (vLLM reports an eos on the last allowed token as "stop" too).
+_PRIORITY = (FinishReason.EOS, FinishReason.STOP_STRING, FinishReason.CRITERION, FinishReason.TIME, FinishReason.LENGTH)
+_KINDS = {
+    EosTokenCriteria: FinishReason.EOS,
+    StopStringCriteria: FinishReason.STOP_STRING,
+    MaxTimeCriteria: FinishReason.TIME,
+    MaxLengthCriteria: FinishReason.LENGTH,
+}
+
+
+def reason_of(criterion) -> FinishReason:
+    return next((r for kind, r in _KINDS.items() if isinstance(criterion, kind)), FinishReason.CRITERION)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One validated generate() call."""
+
+    input_ids: torch.Tensor  # (B, S) int64; B counts num_return_sequences
+    attention_mask: torch.Tensor  # (B, S) int64, left padded
+    model_inputs: dict  # extra prefill inputs, e.g. pixel_values, token_type_ids
+    config: GenerationConfig  # resolved as generate resolves it (runtime.compat.generation_config)
+    eos_ids: tuple[int, ...]
+    pad_id: int
+    generator: torch.Generator | None
+    processors: LogitsProcessorList  # transformers' own, built for this call's options
+    stopping: StoppingCriteriaList  # transformers' own: length, time, stop strings, eos, the caller's
+    ends_in_image: bool = False  # the last prompt token is an image token: the text-only step cannot take it
+
+    @property
+    def keeps_scores(self) -> bool:
+        """HF hands stopping criteria the processed scores so far only when it returns them."""
+        return bool(self.config.return_dict_in_generate and self.config.output_scores)
+
+    @property
+    def batch(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def prompt_len(self) -> int:
+        return self.input_ids.shape[1]
+
+
+_END = object()  # the stream's last item
+
+
+class RequestState:
+    """A request as the engine runs it. The scheduler (runtime.engine.scheduler) reads and sets its
+    scheduling fields (`status`, `rows`, `fed`, `cancel_requested`); the engine its tokens."""
+
+    def __init__(self, request: Request, want_logits: bool = False, lease=None, reuse: int = 0):
+        self.request = request
+        self.want_logits = want_logits
+        self.lease = lease  # a session's row (runtime.engine.scheduler.Lease), or None: any free rows
+        self.status = Status.WAITING
+        self.rows: slice | None = None  # its cache rows, one per sequence, while it holds them
+        self.fed = reuse  # prompt tokens in the cache: with a lease, those its row already holds
+        self.cancel_requested = False
+        self.submitted = time.monotonic()
+        self.times: list[float] = []  # time.monotonic() of each step's tokens, as the engine produced them
+        self.history = request.input_ids  # (b, S + steps): what the processors see, as in generate
+        self.unfinished = torch.ones(request.batch, dtype=torch.bool, device=request.input_ids.device)  # (b,)
+        # HF pads finished rows only when an eos criterion can finish one early
+        self.pads = any(hasattr(c, "eos_token_id") for c in request.stopping)
+        self.scores: list[torch.Tensor] = []  # processed scores (b, vocab) per step, when the request keeps them
+        self.steps = 0
+        self.finish_reasons: list[FinishReason | None] = [None] * request.batch
+        self.error: BaseException | None = None
+        self.stream: queue.SimpleQueue = queue.SimpleQueue()  # (tokens (b,), logits or None) per step, then _END
+        self.finished = threading.Event()
+
+    # ---- what the scheduler plans with: plain numbers ----
+    @property
+    def batch(self) -> int:
+        return self.request.batch
+
+    @property
+    def final(self) -> int:
+        """Prompt tokens that go into the cache before the first decode step: all but the last, which the
+        step takes; all of them when the last is an image token (the prefill then gives the first logits)."""
+        return self.request.prompt_len if self.request.ends_in_image else self.request.prompt_len - 1
+
+    @property
+    def chunkable(self) -> bool:
+        """Chunks continue the cache through aotpack's own masks, which know text only: a prompt with
+        images is prefilled whole (a session's continuation, text by construction, is chunkable)."""
+        return self.fed > 0 or not self.request.model_inputs
+
+    # ---- the engine's side ----
+    def choose(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (b, vocab) raw fp32 -> the next token ids (b,); finished rows get the pad id."""
+        r = self.request
+        scores = r.processors(self.history, logits.clone())  # (b, vocab)
+        token = next_token(scores, r.config.do_sample, r.generator)
+        if self.pads:
+            token = torch.where(self.unfinished, token, torch.full_like(token, r.pad_id))  # (b,)
+        self.history = torch.cat([self.history, token[:, None]], dim=-1)
+        if r.keeps_scores:
+            self.scores.append(scores)
+        self._stop()
+        self.steps += 1
+        if self.steps >= r.config.max_new_tokens:
+            self._end_rows(FinishReason.LENGTH)
+        return token
+
+    def put(self, token: torch.Tensor, logits: torch.Tensor) -> None:
+        """Hand a step's tokens (b,) (and its raw logits, if the caller wants them) to the caller."""
+        self.times.append(time.monotonic())
+        self.stream.put((token, logits if self.want_logits else None))
+
+    def _stop(self) -> None:
+        """As in generate: each criterion reads the history with the new token (and the scores HF keeps);
+        a row they end records the most telling reason among those that ended it."""
+        scores = tuple(self.scores) if self.request.keeps_scores else None
+        hits: dict[FinishReason, torch.Tensor] = {}
+        for criterion in self.request.stopping:
+            reason = reason_of(criterion)
+            hit = criterion(self.history, scores)  # (b,) bool
+            hits[reason] = hits[reason] | hit if reason in hits else hit
+        for reason in _PRIORITY:
+            if reason in hits:
+                self._end_rows(reason, hits[reason] & self.unfinished)
+
+    def _end_rows(self, reason: FinishReason, rows: torch.Tensor | None = None) -> None:
+        rows = self.unfinished if rows is None else rows  # (b,) bool
+        for row in rows.nonzero().flatten().tolist():
+            self.finish_reasons[row] = reason
+        self.unfinished &= ~rows
+
+    @property
+    def done(self) -> bool:
+        return not bool(self.unfinished.any())
+
+    def finish(self, reason: FinishReason | None = None, error: BaseException | None = None) -> None:
+        """The request ends: rows still running end with `reason` (cancelled, failed); the caller's
+        stream ends, and its failure (if any) is raised in the caller's thread."""
+        if self.status is Status.FINISHED:
+            return
+        if reason is not None:
+            self._end_rows(reason)
+        self.status, self.error = Status.FINISHED, error
+        self.finished.set()
+        self.stream.put(_END)

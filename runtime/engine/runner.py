@@ -1,0 +1,104 @@
+"""Carrying a plan out over the KV cache: prefill pieces into a request's rows, one decode step over the
+rows in use.
+
+Owns the tensors the requests share: the KV cache (allocated once, B rows of the contract's layout),
+each row's step inputs (runtime.model.positions.RowPositions), and the next token of every row. Rows
+carry nothing from one request to the next: a NaN left in a slot poisons attention even where masked
+(0 * NaN), so a request's rows are zeroed when it takes them; a row nobody holds steps harmlessly (it
+writes and attends to its own slot 0 only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.engine.request import RequestState
+from runtime.engine.scheduler import Piece
+from runtime.engine.status import Status
+from runtime.format.contract import DecodeContract
+from runtime.model.cache import allocate
+from runtime.model.positions import RowPositions, prompt_positions
+from runtime.model.prefill import head_inputs, prefill, prefill_more, prefill_states
+
+
+class Runner:
+    def __init__(self, model, decode, contract: DecodeContract):
+        """`model`: the eager model (prefill); `decode`: a backend's step (runtime.backends), over the
+        same weights; `contract`: the cache's shape."""
+        self.model, self.decode, self.layout = model, decode, contract.layout
+        rows, device = contract.batch_size, contract.device
+        self.kv = allocate(contract.layout, rows, getattr(torch, contract.dtype), device)  # [k0, v0, ...] (B, ...)
+        self.positions = RowPositions(rows, contract.max_cache_len, device)
+        self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)  # (B, 1) each row's next step input
+
+    def clear(self, rows: slice) -> None:
+        """Rows a request takes start empty."""
+        for t in self.kv:
+            t[rows].zero_()
+        self.release(rows)
+
+    def release(self, rows: slice) -> None:
+        """Rows nobody holds: stepped harmlessly."""
+        self.positions.idle(rows)
+        self.tokens[rows] = 0
+
+    def prefill(self, piece: Piece) -> torch.Tensor | None:
+        """Put prompt tokens [start, end) in the request's rows: from an empty cache through the model's
+        own forward (images included), or continuing it, text only. Once the prompt is in (all but the
+        last token, which the next step feeds), the rows join the decode steps; a prompt ending in an
+        image token runs whole and returns its first logits (b, vocab) fp32. Otherwise None."""
+        state, start, end = piece.state, piece.start, piece.end
+        r, kv = state.request, [t[state.rows] for t in self.kv]  # views of the request's rows only
+        logits = None
+        if start > 0:
+            prefill_more(self.model, kv, self.layout, r.input_ids[:, start:end], r.attention_mask[:, :end], start)
+        elif end == r.prompt_len:
+            positions = prompt_positions(r.attention_mask)  # (b, S)
+            logits = prefill(self.model, kv, self.layout, r.input_ids, r.attention_mask, positions, **r.model_inputs)
+        elif end > 0:
+            mask, extra = r.attention_mask[:, :end], head_inputs(r.model_inputs, r.input_ids.shape, end)
+            prefill_states(self.model, kv, self.layout, r.input_ids[:, :end], mask, prompt_positions(mask), **extra)
+        if end >= state.final:
+            self.begin_decoding(state, end)
+        else:
+            self.positions.park(state.rows, end)  # the next chunk overwrites what the steps write there
+        return logits
+
+    def begin_decoding(self, state: RequestState, fed: int) -> None:
+        """The prompt's first `fed` tokens are in the cache: the rows decode from the next step, fed the
+        prompt's last token (unless the prefill took it too)."""
+        r = state.request
+        self.positions.place(state.rows, r.attention_mask, fed)
+        if fed < r.prompt_len:
+            self.tokens[state.rows] = r.input_ids[:, -1:]
+
+    def step(self, decoding: list[RequestState], width: int) -> torch.Tensor:
+        """One decode call advances every decoding request's rows by one token; the first `width` rows
+        are computed. Returns the raw logits (width, vocab) fp32."""
+        active = torch.zeros(self.tokens.shape[0], dtype=torch.bool, device=self.tokens.device)  # (B,)
+        for state in decoding:
+            active[state.rows] = True
+        self.positions.advance(active)
+        return self.decode(self.tokens[:width], *self.positions.inputs(width), [t[:width] for t in self.kv]).float()
+
+    def feed(self, state: RequestState, token: torch.Tensor) -> None:
+        """The request's rows take `token` (b,) at the next step."""
+        self.tokens[state.rows] = token[:, None]
+
+    def keep(self, state: RequestState, failed: bool) -> int:
+        """A session's turn ended in its leased row: how many tokens of its history the row's cache holds
+        (all but the last chosen token, which was never fed), parked where the next turn writes first,
+        so the steps of other requests over it change nothing it keeps. A failed turn leaves nothing
+        trusted (0)."""
+        if failed:
+            cached = 0
+        elif state.status is Status.DECODING:
+            cached = int(self.positions.index[state.rows.start]) + 1
+        else:  # cancelled while its prompt was still being prefilled
+            cached = state.fed
+        cached = min(cached, self.positions.pad_mask.shape[1] - 1)  # the parked slot must exist; it is lost
+        if cached:
+            self.positions.park(state.rows, cached)
+        else:
+            self.release(state.rows)
+        return cached

@@ -1,0 +1,209 @@
+"""Which request runs where, and what each engine iteration does: pure Python, no model, no tensors.
+
+Owns: the bundle's B cache rows and who holds each (a request, a session's lease, or nobody); the queue
+of requests waiting for rows, in arrival order, with its bound and the busy timeout; cancellations;
+and each iteration's plan: whom to release, whom to admit into which rows, and which prompt pieces to
+prefill. It reads and sets only plain fields of a request's state (runtime.engine.request.State: its
+batch, prompt progress, status and rows) and imports no torch, so it is tested with no model at all
+(tests/unit/test_scheduler.py), as vLLM tests its scheduler.
+
+The policy:
+- a request takes the lowest run of free adjacent rows it needs (its prefill runs over a view of the
+  cache, so its rows are one block), or its session's leased row;
+- requests are admitted in arrival order, so a large request is not overtaken forever; one that found
+  no rows within `busy_timeout` seconds expires;
+- each admitted request gets its first prompt piece at once; besides, the oldest request still
+  prefilling gets one more chunk per iteration. A piece is the whole prompt unless the engine chunks
+  (`prefill_chunk`), in which case text prompts go `prefill_chunk` tokens at a time, so a long prompt
+  delays the others' next tokens by one chunk per iteration.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from runtime.engine.status import Status
+from runtime.errors import EngineClosedError, QueueFullError, RuntimeBusyError
+
+
+class State(Protocol):
+    """What the scheduler reads and sets of a request (runtime.engine.request.RequestState)."""
+
+    batch: int  # rows it needs, one per sequence
+    final: int  # prompt tokens to prefill before it decodes
+    chunkable: bool  # whether its next piece may be a chunk
+    fed: int  # prompt tokens in the cache so far
+    status: Status
+    rows: slice | None
+    lease: Lease | None
+    cancel_requested: bool
+    submitted: float  # time.monotonic() at submission
+
+
+@dataclass(eq=False)
+class Lease:
+    """A cache row held by a session (runtime.session) between its turns. `held` is what the engine says
+    the row's cache holds (the token ids, for the next turn to compare); the scheduler never reads it."""
+
+    rows: slice
+    held: object = None
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Prefill the prompt tokens [start, end) of a request into its rows."""
+
+    state: State
+    start: int
+    end: int
+
+
+@dataclass
+class Plan:
+    """One iteration's work, in the order the engine carries it out."""
+
+    released: list[State] = field(default_factory=list)  # cancelled while holding rows: free them
+    dropped: list[State] = field(default_factory=list)  # cancelled while waiting: nothing to free
+    expired: list[State] = field(default_factory=list)  # waited past busy_timeout
+    admitted: list[State] = field(default_factory=list)  # now hold rows; their rows start clean
+    prefill: list[Piece] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.released or self.dropped or self.expired or self.admitted or self.prefill)
+
+
+class Scheduler:
+    """Not thread-safe: the engine calls it under its own lock."""
+
+    def __init__(self, rows: int, busy_timeout: float = 300.0, prefill_chunk: int | None = None):
+        self.owners: list[State | Lease | None] = [None] * rows
+        self.busy_timeout = busy_timeout
+        self.prefill_chunk = prefill_chunk
+        self.waiting: deque[State] = deque()
+        self.running: list[State] = []  # in admission order
+        self.closed = False
+
+    # ---- callers ----
+    def add(self, state: State, max_waiting: int | None = None) -> None:
+        if self.closed:
+            raise EngineClosedError("this runtime is shutting down and admits no new requests")
+        if max_waiting is not None and len(self.waiting) >= max_waiting:
+            raise QueueFullError(f"{len(self.waiting)} requests are already waiting for cache rows; retry later")
+        self.waiting.append(state)
+
+    def lease(self) -> Lease:
+        """Hold the lowest free row for a session until `unlease`."""
+        if self.closed:
+            raise EngineClosedError("this runtime is shutting down and admits no new sessions")
+        rows = self._free_rows(1)
+        if rows is None:
+            raise RuntimeBusyError(
+                f"all {len(self.owners)} cache rows are in use (each session holds one); close a session, "
+                "or re-export with a larger --batch-size"
+            )
+        lease = Lease(rows)
+        self._own(rows, lease)
+        return lease
+
+    def unlease(self, lease: Lease) -> None:
+        """Give a session's row back; the next request admitted there clears it."""
+        if self.owners[lease.rows.start] is lease:
+            self._own(lease.rows, None)
+        lease.held = None
+
+    def close(self) -> None:
+        """Admit nothing new; what is queued or running carries on."""
+        self.closed = True
+
+    # ---- the engine's loop ----
+    def plan(self, now: float) -> Plan:
+        plan = Plan()
+        for state in [s for s in self.running if s.cancel_requested]:
+            self.finish(state)
+            plan.released.append(state)
+        self._admit(plan, now)
+        for state in plan.admitted:
+            if state.fed >= state.final:  # a session's row holds the whole prompt but its last token
+                state.status = Status.DECODING
+            else:
+                plan.prefill.append(self._piece(state))
+        pending = next((s for s in self.running if s.status is Status.PREFILLING and s not in plan.admitted), None)
+        if pending is not None:
+            plan.prefill.append(self._piece(pending))
+        return plan
+
+    def prefilled(self, piece: Piece) -> bool:
+        """A piece is in the cache; True when its request now decodes."""
+        state = piece.state
+        state.fed = piece.end
+        if state.fed >= state.final:
+            state.status = Status.DECODING
+        return state.status is Status.DECODING
+
+    def decoding(self) -> tuple[list[State], int]:
+        """The requests the next decode step advances, and how many rows it computes (rows past the last
+        busy one are not)."""
+        states = [s for s in self.running if s.status is Status.DECODING]
+        return states, max((s.rows.stop for s in states), default=0)
+
+    def finish(self, state: State) -> None:
+        """A running request ends: its rows are free again, or go back to its session's lease."""
+        self.running.remove(state)
+        self._own(state.rows, state.lease)
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def deadline(self, now: float) -> float | None:
+        """Seconds until the oldest waiting request expires (None: nothing waits)."""
+        if not self.waiting:
+            return None
+        return max(0.0, min(s.submitted for s in self.waiting) + self.busy_timeout - now)
+
+    @property
+    def rows_in_use(self) -> int:
+        return sum(owner is not None for owner in self.owners)
+
+    # ---- policy ----
+    def _admit(self, plan: Plan, now: float) -> None:
+        while self.waiting:
+            state = self.waiting[0]
+            if state.cancel_requested:
+                plan.dropped.append(self.waiting.popleft())
+                continue
+            rows = state.lease.rows if state.lease is not None else self._free_rows(state.batch)
+            if rows is None:  # in arrival order: a large request is not overtaken forever
+                self._expire(plan, now)
+                return
+            self.waiting.popleft()
+            state.rows, state.status = rows, Status.PREFILLING
+            self._own(rows, state)
+            self.running.append(state)
+            plan.admitted.append(state)
+
+    def _expire(self, plan: Plan, now: float) -> None:
+        for state in [s for s in self.waiting if now - s.submitted >= self.busy_timeout]:
+            self.waiting.remove(state)
+            plan.expired.append(state)
+
+    def _piece(self, state: State) -> Piece:
+        start, end = state.fed, state.final
+        if self.prefill_chunk is not None and state.chunkable:
+            end = min(start + self.prefill_chunk, end)
+        return Piece(state, start, end)
+
+    def _free_rows(self, count: int) -> slice | None:
+        """The lowest `count` adjacent free rows."""
+        run = 0
+        for row, owner in enumerate(self.owners):
+            run = run + 1 if owner is None else 0
+            if run == count:
+                return slice(row + 1 - count, row + 1)
+        return None
+
+    def _own(self, rows: slice, owner) -> None:
+        self.owners[rows] = [owner] * (rows.stop - rows.start)

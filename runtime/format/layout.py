@@ -1,0 +1,37 @@
+"""The KV cache's layout per decoder layer: full-length or a sliding ring buffer.
+
+Owns: what each layer's cache holds (kind, slots, window, head shapes) and how many bytes that is.
+Why a ring buffer: transformers' `StaticSlidingWindowLayer` tracks its fill level in a Python int, which
+`torch.export` bakes in as a constant, so it cannot serve a position-generic decode step. Here a sliding
+layer holds `min(window, max_cache_len)` slots and token `t` always lives in slot `t % slots`
+(runtime.model.cache writes it; runtime.model.masks reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+KINDS = (FULL, SLIDING)
+
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes per element of each bundle dtype
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """One decoder layer's cache: its kind, slot count and head shapes."""
+
+    kind: str  # FULL or SLIDING
+    slots: int  # max_cache_len for FULL, min(window, max_cache_len) for SLIDING
+    window: int | None  # attention window in tokens (SLIDING only)
+    num_kv_heads: int
+    head_dim: int
+
+    def nbytes(self, batch: int, dtype: str) -> int:
+        """Bytes of keys plus values for `batch` sequences in `dtype` (a bundle dtype name)."""
+        return 2 * batch * self.num_kv_heads * self.slots * self.head_dim * ITEMSIZE[dtype]
+
+    def shape(self, batch: int) -> tuple[int, int, int, int]:
+        """(batch, kv_heads, slots, head_dim): each of the layer's key and value tensors."""
+        return (batch, self.num_kv_heads, self.slots, self.head_dim)

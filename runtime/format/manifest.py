@@ -1,0 +1,349 @@
+"""The versioned, frozen manifest: what a bundle holds and what its decode was built for.
+
+Owns: the manifest's records and its strict reader. The exporter writes bundles only through this
+package (runtime.format) and the runtime reads them only through it, so both sides agree on one
+definition. Metadata is JSON, never pickle. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+
+from runtime.errors import ManifestError
+from runtime.format.files import DECODE, DECODE_ONNX, json_digest
+from runtime.format.layout import FULL, SLIDING, LayerLayout
+from runtime.format.quant import QuantSpec
+from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the manifest records it)
+
+# 2: weights stored under module paths (with aliases for tied tensors), quantization, the decode step's
+# GEMV lowerings and the accuracy report.
+# 3: the decode step takes one cache position per row (continuous batching), where format 2 took one
+# for the whole batch; the .so of an older bundle cannot serve independent rows, so it is re-exported.
+# 4: an optional portable decode (`onnx`: decode.onnx, run by ONNX Runtime). A format 3 manifest reads
+# as one without it: its decode.pt2 is the same.
+FORMAT_VERSION = 4
+SUPPORTED_VERSIONS = frozenset({3, 4})
+
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda")
+ATTENTION = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class Constant:
+    """One compiled-decode constant and where its tensor comes from at load time."""
+
+    name: str  # the name AOTInductor gives it (get_constant_fqns)
+    module_path: str  # parameter or buffer path in the eager model that lends its storage
+    safetensors_key: str | None  # key of the stored tensor; None for non-persistent buffers (rotary inv_freq)
+    dtype: str  # what the .so was compiled for; checked at load, since AOTI checks nothing
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Parity:
+    """Export-time check: eager HF generate against eager prefill + compiled decode."""
+
+    steps: int
+    max_abs_logit_diff: float
+    tolerance: float
+    tokens_match: bool
+
+
+@dataclass(frozen=True)
+class OnnxDecode:
+    """The same decode step as an ONNX graph (`export --onnx`), run by ONNX Runtime instead of the .so.
+
+    It takes the compiled step's inputs under the same names, the KV tensors named `key{i}`/`value{i}`,
+    and returns `logits` plus each layer's new keys and values (`new_key{i}`, `new_value{i}`), which the
+    runtime writes into the cache. Its weights are not a second copy: each large initializer is
+    external data inside model.safetensors (offset and length), so decode.onnx alone loads in any ONNX
+    Runtime next to the bundle's weights, and aotpack's runtime lends it the eager model's tensors."""
+
+    file: str  # DECODE_ONNX
+    opset: int
+    onnxruntime_version: str  # the ONNX Runtime its parity gate ran on
+    initializers: tuple[Constant, ...]  # the graph's initializers held in model.safetensors
+    parity: Parity
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """Which modules hold weight-only quantized weights (runtime.quant), and how they are packed."""
+
+    method: str  # "int8" or "int4"
+    group_size: int | None  # int4 only
+    linears: tuple[str, ...]  # module paths of the quantized linear layers
+    embedding: str | None  # module path of the quantized token embedding
+    tied: str | None  # the linear (lm_head) that shares the embedding's packed tensors
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """The build-time choice of kernel for the decode step's weights of one shape (rows, cols)."""
+
+    op: str  # "linear" (a float weight), "int8" or "int4"
+    rows: int
+    cols: int
+    dtype: str  # activation dtype
+    chosen: str  # a key of gb_per_s when the candidates were timed
+    gb_per_s: dict[str, float]  # each candidate's weight read rate at batch 1 on the build machine; {} untimed
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """A quantized bundle against the float32 model it came from, on a fixed English text."""
+
+    text_tokens: int  # tokens of the fixed text scored for perplexity
+    perplexity: float  # this bundle's eager model
+    reference_perplexity: float  # the float32 model
+    greedy_tokens: int  # tokens of the float32 model's greedy continuation, teacher-forced
+    greedy_agreement: float  # fraction of those positions where this bundle picks the same token
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    aotpack_version: str
+    torch_version: str
+    transformers_version: str
+    python_version: str
+    model_class: str  # transformers class that rebuilds the eager model, e.g. "LlamaForCausalLM"
+    attn_implementation: str  # "sdpa", or "eager" for models whose attention SDPA cannot express
+    is_multimodal: bool
+    device: str
+    cpu_isa: str | None  # what the .so was compiled for (AOTI_CPU_ISA), None on CUDA
+    dtype: str
+    batch_size: int  # the largest batch the compiled decode serves
+    max_cache_len: int
+    vocab_size: int
+    cache_layout: tuple[LayerLayout, ...]
+    cache_bytes: tuple[int, ...]  # per layer: keys + values for batch_size sequences in dtype
+    decode_inputs: tuple[str, ...]  # graph input names in call order; the KV tensors follow
+    constants: tuple[Constant, ...]
+    weight_aliases: dict[str, str]  # module path -> the stored key holding the same tensor (tied weights)
+    quantization: Quantization | None
+    lowerings: tuple[Lowering, ...]
+    accuracy: Accuracy | None  # quantized bundles only
+    files: dict[str, str]  # bundle file name -> sha256 hex
+    build_seconds: float
+    built_at: str  # ISO 8601, UTC
+    parity: Parity
+    onnx: OnnxDecode | None = None  # the portable decode, when exported with --onnx (format 4)
+
+    def to_json(self) -> str:
+        """JSON with a `digest` of the content: manifest.json holds every other file's hash, so its
+        own integrity is checked against this digest (a flipped byte in a number is valid JSON)."""
+        body = asdict(self)
+        return json.dumps(body | {"digest": _digest(body)}, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Manifest:
+        raw = _strict_json(text)
+        if not isinstance(raw, dict):
+            raise ManifestError("manifest.json must hold a JSON object; re-export the bundle")
+        raw = dict(raw)
+        digest = raw.pop("digest", None)
+        version = raw.get("format_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+            raise ManifestError(
+                f"bundle format_version {version!r} is not supported by this runtime, which reads "
+                f"{sorted(SUPPORTED_VERSIONS)}; re-export the bundle with a matching aotpack"
+            )
+        if digest != _digest(raw):
+            raise ManifestError(
+                "manifest.json does not match its digest: it was edited or corrupted; re-export the bundle"
+            )
+        if version == 3:  # format 3 had no portable decode
+            if "onnx" in raw:
+                raise ManifestError("a format 3 manifest has no onnx entry; re-export the bundle")
+            raw["onnx"] = None
+        return _build(cls, raw)
+
+
+def _strict_json(text: str | bytes):
+    """JSON as the manifest allows it: UTF-8, no duplicate keys (json would keep the last silently),
+    finite numbers only, no NaN/Infinity; any other input (deep nesting, a 5,000-digit integer) is a
+    ManifestError too, never another exception."""
+
+    def no_duplicates(pairs):
+        keys = [key for key, _ in pairs]
+        if len(keys) != len(set(keys)):
+            raise ManifestError(f"manifest.json repeats the key {next(k for k in keys if keys.count(k) > 1)!r}")
+        return dict(pairs)
+
+    def finite(token: str) -> float:
+        value = float(token)
+        if not math.isfinite(value):
+            raise ManifestError(f"manifest.json holds the non-finite number {token}")
+        return value
+
+    def refuse(token: str):
+        raise ManifestError(f"manifest.json holds {token}, which is not JSON")
+
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_float=finite, parse_constant=refuse)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, too many digits, nesting
+        raise ManifestError(
+            f"manifest.json is not valid JSON ({type(e).__name__}: {str(e)[:200]}); re-export the bundle"
+        ) from None
+
+
+def _digest(body: dict) -> str:
+    return json_digest(body)
+
+
+def _build(cls, raw: dict) -> Manifest:
+    names = {f.name for f in fields(cls)}
+    if set(raw) != names:
+        missing, extra = sorted(names - set(raw)), sorted(set(raw) - names)
+        raise ManifestError(
+            f"manifest fields do not match format {FORMAT_VERSION} (missing {missing}, unexpected {extra})"
+        )
+    try:
+        data = dict(raw)
+        data["cache_layout"] = tuple(_record(LayerLayout, layer) for layer in _list(raw["cache_layout"]))
+        data["constants"] = tuple(_constant(c) for c in _list(raw["constants"]))
+        data["parity"] = _record(Parity, raw["parity"])
+        data["quantization"] = _optional(_quantization, raw["quantization"])
+        data["lowerings"] = tuple(_lowering(x) for x in _list(raw["lowerings"]))
+        data["accuracy"] = _optional(lambda x: _record(Accuracy, x), raw["accuracy"])
+        data["onnx"] = _optional(_onnx, raw["onnx"])
+        data["weight_aliases"] = _str_map(raw["weight_aliases"])
+        data["files"] = _str_map(raw["files"])
+        for key in ("cache_bytes", "decode_inputs"):
+            data[key] = tuple(_list(raw[key]))
+        manifest = _record(cls, data)
+    except (TypeError, KeyError) as e:
+        raise ManifestError(f"manifest.json is malformed ({e}); re-export the bundle") from e
+    _check_values(manifest)
+    return manifest
+
+
+def _optional(read, value):
+    return None if value is None else read(value)
+
+
+def _str_map(value) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise TypeError(f"expected an object of strings, got {value!r:.80}")
+    return dict(value)
+
+
+def _quantization(raw) -> Quantization:
+    if not isinstance(raw, dict):
+        raise TypeError(f"quantization must be a JSON object, got {type(raw).__name__}")
+    linears = _list(raw.get("linears"))
+    if not all(isinstance(path, str) for path in linears):
+        raise TypeError("quantization linears must list module paths")
+    return _record(Quantization, raw | {"linears": tuple(linears)})
+
+
+def _lowering(raw) -> Lowering:
+    if not isinstance(raw, dict):
+        raise TypeError(f"a lowering must be a JSON object, got {type(raw).__name__}")
+    rates = raw.get("gb_per_s")
+    if not isinstance(rates, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in rates.values()
+    ):
+        raise TypeError("lowering gb_per_s must map candidate names to numbers")
+    return _record(Lowering, raw)
+
+
+def _onnx(raw) -> OnnxDecode:
+    if not isinstance(raw, dict):
+        raise TypeError(f"onnx must be a JSON object, got {type(raw).__name__}")
+    initializers = tuple(_constant(c) for c in _list(raw.get("initializers")))
+    return _record(OnnxDecode, raw | {"initializers": initializers, "parity": _record(Parity, raw.get("parity"))})
+
+
+def _constant(raw) -> Constant:
+    if not isinstance(raw, dict):
+        raise TypeError(f"a constant must be a JSON object, got {type(raw).__name__}")
+    shape = _list(raw.get("shape"))
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise TypeError(f"constant shape {shape!r} must list non-negative integers")
+    return _record(Constant, raw | {"shape": tuple(shape)})
+
+
+def _list(value) -> list:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return value
+
+
+# The JSON types each annotation admits (bool is excluded where an int is meant).
+_SCALARS = {"str": (str,), "int": (int,), "float": (float, int), "bool": (bool,)}
+
+
+def _record(cls, data):
+    """Build dataclass `cls` from a dict, checking every scalar field's JSON type."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} must be a JSON object, got {type(data).__name__}")
+    obj = cls(**data)
+    for f in fields(cls):
+        value = getattr(obj, f.name)
+        options = [t.strip() for t in str(f.type).split("|")]
+        if "None" in options and value is None:
+            continue
+        allowed = tuple(t for name in options for t in _SCALARS.get(name, ()))
+        if allowed and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
+            raise TypeError(f"{cls.__name__}.{f.name} must be {f.type}, got {value!r}")
+    return obj
+
+
+def _check_values(m: Manifest) -> None:
+    if m.dtype not in DTYPES:
+        raise ManifestError(f"manifest dtype {m.dtype!r} is not one of {DTYPES}")
+    if m.device not in DEVICES:
+        raise ManifestError(f"manifest device {m.device!r} is not one of {DEVICES}")
+    for key in ("batch_size", "max_cache_len", "vocab_size"):
+        if getattr(m, key) < 1:
+            raise ManifestError(f"manifest {key} must be a positive integer, got {getattr(m, key)!r}")
+    if m.attn_implementation not in ATTENTION:
+        raise ManifestError(f"manifest attn_implementation {m.attn_implementation!r} is not one of {ATTENTION}")
+    if DECODE not in m.files:
+        raise ManifestError(f"manifest does not list {DECODE}; re-export the bundle")
+    if not m.cache_layout or len(m.cache_bytes) != len(m.cache_layout):
+        raise ManifestError("manifest cache_layout and cache_bytes must describe the same, non-empty list of layers")
+    for layer, nbytes in zip(m.cache_layout, m.cache_bytes, strict=True):
+        _check_layer(layer, nbytes, m.max_cache_len)
+        expected = layer.nbytes(m.batch_size, m.dtype)
+        if nbytes != expected:
+            raise ManifestError(f"manifest cache_bytes entry {nbytes!r} does not match its layer ({expected} bytes)")
+    if m.quantization is not None:
+        _check_quantization(m.quantization)
+    if m.onnx is not None and (m.onnx.file != DECODE_ONNX or DECODE_ONNX not in m.files):
+        raise ManifestError(f"manifest onnx entry names {m.onnx.file!r}, not a listed {DECODE_ONNX}; re-export it")
+    for lowering in m.lowerings:
+        if lowering.gb_per_s and lowering.chosen not in lowering.gb_per_s:
+            raise ManifestError(
+                f"manifest lowering {lowering.op} {lowering.rows}x{lowering.cols} chose {lowering.chosen!r}, "
+                "which it did not measure"
+            )
+
+
+def _check_quantization(q: Quantization) -> None:
+    try:
+        QuantSpec(q.method, q.group_size)
+    except ValueError as e:
+        raise ManifestError(f"manifest quantization is invalid: {e}") from None
+    if q.tied is not None and (q.embedding is None or q.tied not in q.linears):
+        raise ManifestError(
+            "manifest quantization ties an lm_head that is not among its quantized linears and embedding"
+        )
+
+
+def _check_layer(layer: LayerLayout, nbytes, max_cache_len: int) -> None:
+    if layer.kind not in (FULL, SLIDING):
+        raise ManifestError(f"manifest cache layer kind {layer.kind!r} is not {FULL!r} or {SLIDING!r}")
+    if min(layer.slots, layer.num_kv_heads, layer.head_dim) < 1 or layer.slots > max_cache_len:
+        raise ManifestError(f"manifest cache layer {layer} has sizes outside 1..max_cache_len")
+    if (layer.kind == SLIDING) != (layer.window is not None):
+        raise ManifestError(f"manifest cache layer {layer}: a window goes with sliding layers only")
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
+        raise ManifestError(f"manifest cache_bytes entry {nbytes!r} is not a positive integer")

@@ -1,0 +1,92 @@
+"""A readable summary of a bundle's manifest, for `aotpack inspect`.
+
+Owns: presenting the manifest, including KV-cache memory against what a full-length cache needs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from runtime.format.manifest import Manifest
+
+
+def kv_bytes(manifest: Manifest) -> tuple[int, int]:
+    """(allocated KV bytes, bytes if every layer held max_cache_len slots)."""
+    ring = sum(manifest.cache_bytes)
+    layers = zip(manifest.cache_bytes, manifest.cache_layout, strict=True)
+    full = sum(n * manifest.max_cache_len // layer.slots for n, layer in layers)
+    return ring, full
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def summary(m: Manifest, sizes: dict[str, int] | None = None) -> str:
+    ring, full = kv_bytes(m)
+    kinds = Counter((layer.kind, layer.slots) for layer in m.cache_layout)
+    layers = ", ".join(f"{n}× {kind} ({slots} slots)" for (kind, slots), n in sorted(kinds.items()))
+    lines = [
+        f"model        {m.model_class}{' (image + text)' if m.is_multimodal else ''}",
+        f"format       {m.format_version} (aotpack {m.aotpack_version}, built {m.built_at} in {m.build_seconds:.0f} s)",
+        f"built with   torch {m.torch_version}, transformers {m.transformers_version}, Python {m.python_version}",
+        f"target       {m.device}{f' ({m.cpu_isa})' if m.cpu_isa else ''}, {m.dtype}, "
+        + (f"batch 1 to {m.batch_size}" if m.batch_size > 1 else "batch 1"),
+        f"cache        max_cache_len {m.max_cache_len}; {layers}",
+        f"KV memory    {human(ring)} allocated; a full-length cache would need {human(full)}"
+        + (f" ({full / ring:.2f}× more)" if full != ring else ""),
+        f"decode       inputs {', '.join(m.decode_inputs)}, then {2 * len(m.cache_layout)} KV tensors; "
+        f"{len(m.constants)} weight constants lent from the eager model",
+        f"parity       {m.parity.steps} steps, max |Δlogit| {m.parity.max_abs_logit_diff:.2e} "
+        f"(tolerance {m.parity.tolerance:.2e}), tokens match: {m.parity.tokens_match}",
+        *_onnx_lines(m),
+        *_quantization_lines(m),
+        *_lowering_lines(m),
+        "files",
+    ]
+    for name, digest in sorted(m.files.items()):
+        size = f"{human(sizes[name]):>10}  " if sizes and name in sizes else ""
+        lines.append(f"  {size}{name}  sha256 {digest[:16]}…")
+    return "\n".join(lines)
+
+
+def _onnx_lines(m: Manifest) -> list[str]:
+    o = m.onnx
+    if o is None:
+        return ["onnx         none (export with --onnx for the onnxruntime backend)"]
+    return [
+        f"onnx         {o.file} (opset {o.opset}), {len(o.initializers)} weights read from model.safetensors; "
+        f"parity on ONNX Runtime {o.onnxruntime_version}: max |Δlogit| {o.parity.max_abs_logit_diff:.2e}, "
+        f"tokens match: {o.parity.tokens_match}"
+    ]
+
+
+def _quantization_lines(m: Manifest) -> list[str]:
+    lines = []
+    q = m.quantization
+    if q is not None:
+        group = f", groups of {q.group_size}" if q.group_size else ", one scale per row"
+        embedding = f" + embedding {q.embedding}" + (" (tied to the lm_head)" if q.tied else "") if q.embedding else ""
+        lines.append(f"quantized    {q.method}{group}: {len(q.linears)} linear layers{embedding}")
+    a = m.accuracy
+    if a is not None:
+        change = 100 * (a.perplexity / a.reference_perplexity - 1)
+        lines.append(
+            f"accuracy     perplexity {a.perplexity:.3f} vs float32 {a.reference_perplexity:.3f} ({change:+.2f} %) "
+            f"on {a.text_tokens} tokens; greedy agreement {100 * a.greedy_agreement:.1f} % "
+            f"over {a.greedy_tokens} tokens"
+        )
+    return lines
+
+
+def _lowering_lines(m: Manifest) -> list[str]:
+    lines = []
+    for lw in m.lowerings:
+        rates = ", ".join(f"{name} {rate:.1f}" for name, rate in lw.gb_per_s.items())
+        timed = f" (GB/s: {rates})" if rates else " (untimed)"
+        lines.append(f"  GEMV {lw.op} {lw.rows}x{lw.cols}: {lw.chosen}{timed}")
+    return ["decode GEMV  per weight shape, chosen at build time:", *lines] if lines else []

@@ -1,0 +1,109 @@
+"""The KV cache aotpack shares between eager prefill and the compiled decode step.
+
+Owns: allocating the tensors once (runtime.format.layout says what each layer holds: full-length or a
+sliding ring buffer, token `t` in slot `t % slots`), writing a decode step's keys and values, and the
+`transformers.Cache` view that prefill and the traced decode step write through. Everything
+position-dependent is computed from the `cache_position` tensor, inside the graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from runtime.format.layout import SLIDING, LayerLayout
+
+
+def allocate(layout: tuple[LayerLayout, ...], batch: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """Allocate the cache once, flat as [k0, v0, k1, v1, ...]; each (batch, kv_heads, slots, head_dim)."""
+    return [torch.zeros(layer.shape(batch), dtype=dtype, device=device) for layer in layout for _ in range(2)]
+
+
+def write_token(keys, values, layout: LayerLayout, cache_position, key_states, value_states) -> None:
+    """Store one decode step's keys and values (B, kv_heads, 1, head_dim) of one layer: row b's token goes
+    to slot `cache_position[b]`, modulo the slot count on a ring (rows stand at different positions).
+    The compiled step does this inside its graph; an ONNX step returns the states and the runtime
+    calls this with them (ONNX drops in-place updates of graph inputs)."""
+    slot = cache_position % layout.slots if layout.kind == SLIDING else cache_position  # (B,)
+    rows = torch.arange(key_states.shape[0], device=key_states.device)  # (B,)
+    keys[rows, :, slot] = key_states[:, :, 0]  # (B, kv_heads, head_dim): one slot per row
+    values[rows, :, slot] = value_states[:, :, 0]
+
+
+class SlotLayer(CacheLayerMixin):
+    """A view over one layer's preallocated keys and values.
+
+    Prefill (many tokens, from an empty cache) stores the tokens that the decode step will still need
+    and returns the fresh states, so prompt attention covers exactly the prompt as in HF's dynamic cache.
+    Decode (one token per row) writes each row's slot `position % slots` (rows stand at different
+    positions) and returns the whole buffer; the caller's mask says which slots are live.
+    """
+
+    is_compileable = True
+
+    def __init__(self, keys, values, layout: LayerLayout, cache_position: torch.Tensor | None, start: int = 0):
+        super().__init__()
+        self.keys, self.values = keys, values  # (B, kv_heads, slots, head_dim)
+        self.layout = layout
+        self.is_sliding = layout.kind == SLIDING
+        self.cache_position = cache_position  # (B,) int64 in decode, one per row; None in prefill
+        self.start = start  # prefill: the cache already holds indices [0, start) (a continued prefill)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        raise RuntimeError("aotpack cache layers are allocated up front")
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if self.cache_position is None:
+            return self._continue(key_states, value_states) if self.start else self._prefill(key_states, value_states)
+        self.written = (key_states, value_states)  # (B, kv_heads, 1, head_dim): what a portable step returns
+        write_token(self.keys, self.values, self.layout, self.cache_position, key_states, value_states)
+        return self.keys, self.values
+
+    def _prefill(self, key_states, value_states):
+        self._store(key_states, value_states)
+        return key_states, value_states
+
+    def _continue(self, key_states, value_states):
+        """A chunk of tokens [start, start + c) after what the cache holds: a full layer attends to its
+        first start + c slots; a ring to its slots as they were before the chunk, then the chunk
+        (chunk_masks builds the masks in the same order)."""
+        if self.is_sliding:
+            keys, values = torch.cat([self.keys, key_states], 2), torch.cat([self.values, value_states], 2)
+            self._store(key_states, value_states)
+            return keys, values
+        self._store(key_states, value_states)
+        end = self.start + key_states.shape[-2]
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def _store(self, key_states, value_states) -> None:
+        """Write tokens [start, start + c) to their slots; a ring keeps only its last `slots` of them."""
+        seq = key_states.shape[-2]
+        keep = min(seq, self.layout.slots)
+        slots = torch.arange(self.start + seq - keep, self.start + seq, device=key_states.device) % self.layout.slots
+        self.keys.index_copy_(2, slots, key_states[:, :, seq - keep :])
+        self.values.index_copy_(2, slots, value_states[:, :, seq - keep :])
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # Only prefill asks (decode passes prepared masks): attention spans the prompt alone.
+        return query_length, 0
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def get_max_length(self) -> int:
+        return self.layout.slots
+
+
+class SlotCache(Cache):
+    """`transformers.Cache` over aotpack's tensors; `cache_position=None` means prefill, of a prompt's
+    tokens from `start` on (0: from an empty cache)."""
+
+    def __init__(
+        self, tensors, layout: tuple[LayerLayout, ...], cache_position: torch.Tensor | None = None, start: int = 0
+    ):
+        layers = [
+            SlotLayer(tensors[2 * i], tensors[2 * i + 1], layer, cache_position, start)
+            for i, layer in enumerate(layout)
+        ]
+        super().__init__(layers=layers)

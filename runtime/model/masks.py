@@ -1,0 +1,85 @@
+"""The attention masks aotpack builds itself: for the decode step, and for a prefill chunk that
+continues a cache.
+
+Owns: which cache slots each query may attend to, derived from absolute cache indices, so they are
+right for full layers and for ring buffers before and after the window fills (runtime.format.layout:
+token `t` lives in slot `t % slots`), and the form a model's `attention_mask` argument takes them in
+(booleans for SDPA, additive floats for eager attention). The decode masks run inside the traced step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime import compat
+from runtime.format.layout import FULL
+
+
+def decode_masks(pad_mask: torch.Tensor, cache_position: torch.Tensor, layout) -> dict[str, torch.Tensor]:
+    """Boolean SDPA masks (B, 1, 1, slots) for one decode step, keyed by layer kind.
+
+    pad_mask: (B, max_cache_len) bool, True where the absolute cache index holds a real token.
+    cache_position: (B,) int64, the absolute index each row writes now (rows are independent).
+    Slot j of a ring with n slots holds index t = p - ((p - j) mod n): the newest index <= p in that
+    slot. It is live when t >= 0 and not padding, which is exactly HF's `kv_idx > q_idx - window`.
+    """
+    position = cache_position[:, None]  # (B, 1)
+    masks = {}
+    for layer in layout:
+        if layer.kind in masks:
+            continue
+        slots = torch.arange(layer.slots, device=pad_mask.device)[None]  # (1, slots)
+        if layer.kind == FULL:
+            padded = pad_mask[:, : layer.slots]  # (B, slots): slot j holds index j
+            live = slots <= position
+        else:
+            index = position - torch.remainder(position - slots, layer.slots)  # (B, slots)
+            padded = pad_mask.gather(1, index.clamp(min=0))
+            live = index >= 0
+        masks[layer.kind] = (padded & live)[:, None, None, :]
+    return masks
+
+
+def chunk_masks(real: torch.Tensor, start: int, layout) -> dict[str, torch.Tensor]:
+    """Boolean SDPA masks (b, 1, c, keys) for a prefill chunk of indices [start, end) continuing a cache
+    that holds [0, start), keyed by layer kind, in SlotLayer._continue's key order.
+
+    real: (b, end) bool, True where an index holds a real token (False: left padding).
+    A query sees real keys at or before it (within the window on a ring), and always itself, so that a
+    padding query, whose output nothing reads, still has one key and stays finite.
+    """
+    end = real.shape[1]
+    query = torch.arange(start, end, device=real.device)[:, None]  # (c, 1) absolute indices
+    chunk = torch.arange(start, end, device=real.device)[None]  # (1, c)
+    masks = {}
+    for layer in layout:
+        if layer.kind in masks:
+            continue
+        if layer.kind == FULL:
+            keys = torch.arange(end, device=real.device)[None]  # (1, end): slot j holds index j
+            visible = (keys <= query)[None] & real[:, None, :]  # (b, c, end)
+            visible |= (keys == query)[None]
+        else:
+            n, window = layer.slots, layer.window
+            held = (start - 1) - torch.remainder(start - 1 - torch.arange(n, device=real.device), n)  # (n,)
+            ring = ((held >= 0) & (query - held < window))[None] & real[:, held.clamp(min=0)][:, None, :]  # (b, c, n)
+            own = ((chunk <= query) & (query - chunk < window))[None] & real[:, None, start:]  # (b, c, c)
+            visible = torch.cat([ring, own | (chunk == query)[None]], dim=-1)
+        masks[layer.kind] = visible[:, None]
+    return masks
+
+
+def additive_mask_dtype(model) -> torch.dtype | None:
+    """Eager attention adds its mask to the scores: such models take float masks in their dtype."""
+    return model.dtype if compat.attention_implementation(model.config.get_text_config()) == "eager" else None
+
+
+def mask_argument(masks: dict[str, torch.Tensor], additive_dtype: torch.dtype | None = None):
+    """What a model's `attention_mask` takes: mixed-kind models read a dict per layer kind; single-kind
+    models take a prepared 4D mask, which transformers' mask builders return as-is. Eager attention
+    adds its mask to the scores, so it gets 0 / dtype-min floats (as transformers' eager masks) rather
+    than booleans: `additive_dtype` is the model's dtype then."""
+    if additive_dtype is not None:
+        low = torch.finfo(additive_dtype).min
+        masks = {kind: torch.zeros((), dtype=additive_dtype).masked_fill(~m, low) for kind, m in masks.items()}
+    return next(iter(masks.values())) if len(masks) == 1 else masks

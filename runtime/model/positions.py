@@ -1,0 +1,62 @@
+"""Where each cache row stands: the per-row inputs of the decode step besides the token.
+
+Owns: for every row of a KV cache, the padding mask over absolute cache indices, the rotary position
+of its newest token and the absolute cache index that token occupies. Rows are independent sequences
+(runtime.format.contract: one cache position per row), so a left-padded batch placed at once and requests
+admitted one by one into free rows are the same thing here.
+
+An idle row (no request) is kept harmless: its step writes cache index 0 of its own row and attends to
+that slot alone, so it stays finite and touches no other row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def prompt_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Rotary positions for a left-padded batch, as HF generate computes them: (B, S) int64."""
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.masked_fill(attention_mask == 0, 0)
+
+
+class RowPositions:
+    """Where each row of a (B, ...) cache stands; `rows` arguments are slices of its rows."""
+
+    def __init__(self, batch: int, max_cache_len: int, device):
+        self.pad_mask = torch.zeros(batch, max_cache_len, dtype=torch.bool, device=device)  # (B, L)
+        self.position = torch.zeros(batch, 1, dtype=torch.long, device=device)  # (B, 1) rotary
+        self.index = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) absolute cache index
+        self.idle(slice(None))
+
+    def idle(self, rows: slice) -> None:
+        self.park(rows, 0)
+
+    def park(self, rows: slice, index: int) -> None:
+        """Rows that are not decoding but sit inside the stepped batch: the step writes `index` of each
+        row (an idle row's 0; a prompt being prefilled in chunks its next index, which the next chunk
+        overwrites before anything reads it) and attends to that slot alone."""
+        self.pad_mask[rows] = False
+        self.pad_mask[rows, index] = True
+        self.position[rows] = 0
+        self.index[rows] = index
+
+    def place(self, rows: slice, attention_mask: torch.Tensor, fed: int) -> None:
+        """Rows that hold the first `fed` tokens of a left-padded prompt (attention_mask (b, S)); the
+        next `advance` admits token `fed`, which may still be the prompt's last."""
+        seq = attention_mask.shape[1]
+        self.pad_mask[rows] = False
+        self.pad_mask[rows, :fed] = attention_mask[:, :fed].bool()
+        self.position[rows] = prompt_positions(attention_mask)[:, -1:] - (seq - fed)
+        self.index[rows] = fed - 1
+
+    def advance(self, active: torch.Tensor) -> None:
+        """Admit one more token in each `active` row ((B,) bool): the step inputs move on by one."""
+        self.index += active
+        self.position += active[:, None]
+        rows = active.nonzero().squeeze(1)  # (n,)
+        self.pad_mask[rows, self.index[rows]] = True
+
+    def inputs(self, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(position_ids (n, 1), cache_position (n,), pad_mask (n, L)) of the first `count` rows."""
+        return self.position[:count], self.index[:count], self.pad_mask[:count]

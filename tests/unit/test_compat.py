@@ -1,0 +1,91 @@
+"""Canaries: every private torch/transformers symbol aotpack relies on still exists and still takes
+what aotpack passes it (a pinned-version upgrade fails here in a second, naming the symbol)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+import torch
+
+from exporter import compat as exporter_compat
+from runtime import compat
+
+
+def _owner(owner):
+    """An object, or a dotted name: a module, or a class inside one."""
+    if not isinstance(owner, str):
+        return owner
+    try:
+        return importlib.import_module(owner)
+    except ModuleNotFoundError:
+        module, _, name = owner.rpartition(".")
+        return getattr(importlib.import_module(module), name)
+
+
+def _signature_text(obj) -> str:
+    """A C++ function's (pybind's docstring) or an operator's (its schema) signature, as text."""
+    if isinstance(obj, torch._ops.OpOverloadPacket):
+        return str(obj.default._schema)
+    return (obj.__init__ if isinstance(obj, type) else obj).__doc__ or ""
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "expected"),
+    compat.PRIVATE_SYMBOLS + exporter_compat.PRIVATE_SYMBOLS,
+    ids=lambda v: getattr(v, "__name__", str(v))[:40],
+)
+def test_private_symbol_keeps_its_signature(owner, name, expected):
+    where = f"{owner}.{name}: update runtime/compat.py or exporter/compat.py"
+    owner = _owner(owner)
+    assert hasattr(owner, name), f"{where} (gone)"
+    found = inspect.getattr_static(owner, name)
+    if expected == "property":
+        assert isinstance(found, property) and found.fset is not None, f"{where} (no longer a settable property)"
+    elif isinstance(expected, str):
+        assert expected in _signature_text(getattr(owner, name)), f"{where} (signature changed)"
+    elif expected is not None:
+        missing = [p for p in expected if p not in inspect.signature(getattr(owner, name)).parameters]
+        assert not missing, f"{where} (takes no {missing})"
+
+
+def test_special_tokens_are_read_from_what_transformers_sets():
+    """compat.special_tokens reads the private tensors `_prepare_special_tokens` leaves on the config."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))  # fmt: skip
+    config = GenerationConfig(eos_token_id=[3, 4], pad_token_id=None)
+    assert compat.special_tokens(model, config, "cpu") == ((3, 4), 3)  # pad falls back to the first eos
+    assert all(hasattr(config, name) for name in compat.SET_BY_TRANSFORMERS)
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-llama"])
+def test_decode_attention_is_atens_cpu_flash_kernel_with_a_dynamic_batch(checkpoint, name):
+    """Traced with a dynamic batch, SDPA fell to its math path (Inductor loops: a batch-8 bundle's step
+    took 2x a batch-1 bundle's at batch 1). The decode graph calls the flash kernel itself, computes what
+    SDPA computes, and the model's attention implementation is restored after the trace."""
+    import torch
+
+    from exporter.compat import cpu_flash_decode_attention
+    from exporter.compile import example_inputs, export_decode
+    from exporter.model import cache_layout, decode_module, load_model
+    from runtime.format.contract import DecodeContract
+
+    model, _ = load_model(checkpoint(name), "float32", "cpu")
+    layout = cache_layout(model, 32)
+    contract = DecodeContract(layout, 2, 32, "float32", "cpu")
+    step = decode_module(model, layout)
+    inputs = example_inputs(contract)
+    for t in inputs[4:]:
+        t.normal_()
+    with torch.inference_mode():
+        expected = step(*inputs)
+        with cpu_flash_decode_attention(model):
+            got = step(*inputs)
+            exported = export_decode(step, contract)
+    assert compat.attention_implementation(model.config) == "sdpa"
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    calls = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    assert sum("_scaled_dot_product_flash_attention_for_cpu" in c for c in calls) == len(layout)

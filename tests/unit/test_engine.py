@@ -1,0 +1,294 @@
+"""Continuous batching, in seconds: the engine over an eagerly run decode step (no compile).
+
+Independent requests with different prompts, options and arrival times share the engine's rows; each
+must produce exactly what a lone batch-1 HF `generate` produces for it, logits included. The compiled
+bundles repeat the main cases in test_parity.py and test_vlm.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import pytest
+import torch
+from helpers import GREEDY, SAMPLED, assert_each_matches_lone_generate, lone_generate, staggered
+
+from runtime.engine.engine import Engine
+from runtime.errors import EngineClosedError, ImageInputError, InvalidInputError, RuntimeBusyError
+
+ROWS, CACHE = 4, 64
+
+
+@pytest.fixture(scope="module")
+def stand_in(eager_runtime):
+    """stand_in(name) -> a Runtime of the preset over the eager backend (ROWS rows of CACHE slots), shared."""
+    return functools.cache(lambda name: eager_runtime(name, ROWS, CACHE))
+
+
+def _engine(rt, **options) -> Engine:
+    """Another engine over the runtime's model and decode step."""
+    return Engine(rt.model, rt.decode, rt.contract, **options)
+
+
+def _submit(rt, inputs: dict, generator=None, engine=None, **options):
+    inputs = dict(inputs)
+    ids, mask = inputs.pop("input_ids"), inputs.pop("attention_mask", None)
+    request = rt.request(ids, mask, generator, **inputs, **options)
+    return (engine or rt.engine).submit(request, want_logits=True)
+
+
+def _collect(handle):
+    tokens, logits = zip(*handle, strict=True)
+    return torch.stack(tokens, dim=1), torch.stack(logits, dim=1)  # (b, n), (b, n, vocab)
+
+
+def _hf(rt, inputs: dict, seed=None, **options):
+    return lone_generate(rt.model, inputs, seed, **options)
+
+
+def _prompts(rt, lengths):
+    torch.manual_seed(len(lengths))
+    vocab = rt.tokenizer.vocab_size if rt.is_multimodal else rt.validator.vocab_size
+    return [{"input_ids": torch.randint(3, min(vocab, 300), (1, n))} for n in lengths]
+
+
+def _staggered(rt, plan, engine=None):
+    return staggered(lambda inputs, generator, **options: _submit(rt, inputs, generator, engine, **options), plan)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_staggered_requests_each_match_a_lone_generate(stand_in, name):
+    """Prompts of 3 to 29 tokens (Gemma3's window is 8: every request decodes past it), greedy and
+    seeded sampling mixed, six requests over four rows."""
+    bundle = stand_in(name)
+    prompts = _prompts(bundle, [5, 17, 3, 29, 11, 8])
+    plan = [(p, SAMPLED if i % 2 else GREEDY, 100 + i if i % 2 else None) for i, p in enumerate(prompts)]
+    assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan))
+    assert bundle.engine.peak_running >= 2  # the requests did share steps
+
+
+def test_a_left_padded_batch_request_beside_single_requests(stand_in):
+    """A request with its own left-padded batch takes adjacent rows; its rows stay HF's batch."""
+    bundle = stand_in("tiny-llama")
+    tok = bundle.tokenizer
+    batch = dict(tok(["a b c d e f g h", "x y"], return_tensors="pt", padding=True))
+    single = _prompts(bundle, [6])[0]
+    plan = [(single, GREEDY, None), (batch, GREEDY, None), (single, GREEDY, None)]
+    assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan))
+
+
+def test_vlm_requests_with_images_arrive_while_others_decode(stand_in):
+    from helpers import chat
+    from PIL import Image
+
+    bundle = stand_in("tiny-gemma3-vlm")
+    red, blue = Image.new("RGB", (40, 30), (200, 20, 20)), Image.new("RGB", (32, 32), (10, 10, 240))
+
+    def ask(text, *images):
+        content = [{"type": "image", "image": im} for im in images] + [{"type": "text", "text": text}]
+        return chat(bundle.processor, [[{"role": "user", "content": content}]])
+
+    requests = [ask("hello there"), ask("what is this", red), ask("compare", red, blue), ask("and this", blue)]
+    plan = [(r, SAMPLED if i == 3 else GREEDY, 7 if i == 3 else None) for i, r in enumerate(requests)]
+    assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan))
+
+
+def test_a_cancelled_request_frees_its_rows_and_leaves_the_others_alone(stand_in):
+    bundle = stand_in("tiny-gemma3")
+    a, b = _prompts(bundle, [7, 12])
+    long = {"max_new_tokens": 40, "min_new_tokens": 40, "do_sample": False}
+    expected = _hf(bundle, b, **long)[0]
+    cancelled, kept = _submit(bundle, a, **long), _submit(bundle, b, **long)
+    stream = iter(cancelled)
+    got = [next(stream) for _ in range(3)]
+    cancelled.cancel()
+    rest = list(stream)  # ends early: the engine stops it at its next step
+    assert len(got) + len(rest) < 40
+    assert torch.equal(_collect(kept)[0], expected)
+    _wait_idle(bundle.engine)
+    assert all(owner is None for owner in bundle.engine.scheduler.owners)
+
+
+def test_leaving_the_iterator_early_cancels_the_request(stand_in):
+    bundle = stand_in("tiny-llama")
+    handle = _submit(bundle, _prompts(bundle, [5])[0], max_new_tokens=50, min_new_tokens=50)
+    for _ in handle:
+        break
+    assert handle.cancelled
+    _wait_idle(bundle.engine)
+
+
+def _wait_idle(engine, timeout: float = 30.0):
+    done = threading.Event()
+
+    def poll():
+        while engine.load != (0, 0):
+            threading.Event().wait(0.01)
+        done.set()
+
+    threading.Thread(target=poll, daemon=True).start()
+    assert done.wait(timeout), f"engine still busy: {engine.load}"
+
+
+def test_a_bad_request_is_refused_alone(stand_in):
+    """NaN pixel values are refused at submit, before any model work, while another request runs."""
+    from helpers import chat
+    from PIL import Image
+
+    bundle = stand_in("tiny-gemma3-vlm")
+    image = Image.new("RGB", (32, 32), (90, 160, 30))
+    inputs = chat(bundle.processor, [[{"role": "user", "content": [{"type": "image", "image": image}]}]])
+    expected = _hf(bundle, inputs, **GREEDY)[0]
+    running = _submit(bundle, inputs, **GREEDY)
+    bad = dict(inputs, pixel_values=inputs["pixel_values"].clone().fill_(float("nan")))
+    with pytest.raises(ImageInputError, match="NaN"):
+        _submit(bundle, bad, **GREEDY)
+    assert torch.equal(_collect(running)[0], expected)
+
+
+def test_a_request_that_fails_in_prefill_fails_alone(stand_in, monkeypatch):
+    import runtime.engine.runner
+
+    bundle = stand_in("tiny-llama")
+    poison, fine = _prompts(bundle, [9, 6])
+    real = runtime.engine.runner.prefill_states
+
+    def failing(model, kv, layout, input_ids, *args, **kwargs):
+        if torch.equal(input_ids, poison["input_ids"][:, :-1]):  # the prompt but its last token
+            raise RuntimeError("prefill exploded")
+        return real(model, kv, layout, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(runtime.engine.runner, "prefill_states", failing)
+    expected = _hf(bundle, fine, **GREEDY)[0]
+    good, bad = _submit(bundle, fine, **GREEDY), _submit(bundle, poison, **GREEDY)
+    with pytest.raises(RuntimeError, match="prefill exploded"):
+        _collect(bad)
+    assert torch.equal(_collect(good)[0], expected)
+
+
+def test_nan_in_an_idle_row_touches_no_other_row(stand_in):
+    """An idle row between busy ones is stepped too; whatever it holds stays in its own row."""
+    bundle = stand_in("tiny-gemma3")
+    engine = bundle.engine
+    prompts = _prompts(bundle, [6, 9])
+    expected = [_hf(bundle, p, **GREEDY) for p in prompts]
+    blocker = _submit(bundle, prompts[0], **GREEDY)  # row 0
+    middle = _submit(bundle, prompts[1], max_new_tokens=1)  # row 1, freed after one token
+    last = _submit(bundle, prompts[1], **GREEDY)  # row 2
+    _collect(middle)
+    for t in engine.kv:
+        t[1].fill_(float("nan"))  # row 1 is idle now, below busy row 2
+    for handle, (tokens, _) in zip([blocker, last], expected, strict=True):
+        ours = _collect(handle)
+        assert torch.equal(ours[0], tokens) and torch.isfinite(ours[1]).all()
+
+
+def test_stop_strings_end_a_request_where_hf_ends_it(stand_in):
+    bundle = stand_in("tiny-llama")
+    tok = bundle.tokenizer
+    prompt = _prompts(bundle, [8])[0]
+    free = _collect(_submit(bundle, prompt, max_new_tokens=30, do_sample=False))[0][0]
+    stop = tok.decode(free[10:12])  # text the free run produces around its 11th token
+    ours = _collect(_submit(bundle, prompt, max_new_tokens=30, do_sample=False, stop_strings=[stop]))[0]
+    with torch.inference_mode():
+        ref = bundle.model.generate(**prompt, max_new_tokens=30, do_sample=False, stop_strings=[stop], tokenizer=tok)
+    assert torch.equal(ours, ref[:, prompt["input_ids"].shape[1] :])
+    assert ours.shape[1] < 30
+
+
+@pytest.mark.parametrize("value", [[], [""], 5, ["ok", 3]])
+def test_bad_stop_strings_are_refused(stand_in, value):
+    bundle = stand_in("tiny-llama")
+    with pytest.raises(InvalidInputError, match="stop_strings must be"):
+        _submit(bundle, _prompts(bundle, [4])[0], max_new_tokens=3, stop_strings=value)
+
+
+def test_a_request_that_finds_no_rows_in_time_fails_with_runtime_busy(stand_in):
+    bundle = stand_in("tiny-llama")
+    engine = _engine(bundle, busy_timeout=0.0)
+    tok = bundle.tokenizer
+    wide = dict(tok(["a b c"] * ROWS, return_tensors="pt"))
+    hog = engine.submit(bundle.request(wide["input_ids"], max_new_tokens=60))
+    late = engine.submit(bundle.request(wide["input_ids"][:1], max_new_tokens=2))
+    with pytest.raises(RuntimeBusyError, match="no free cache rows"):
+        late.result()
+    assert hog.result().shape == (ROWS, wide["input_ids"].shape[1] + 60)
+
+
+def test_close_finishes_or_cancels_what_is_in_flight_and_refuses_more(stand_in):
+    bundle = stand_in("tiny-llama")
+    engine = _engine(bundle)
+    prompt = _prompts(bundle, [5])[0]["input_ids"]
+    short = engine.submit(bundle.request(prompt, max_new_tokens=3))
+    long = engine.submit(bundle.request(prompt, max_new_tokens=55, min_new_tokens=55))
+    engine.close(grace=0.0)
+    assert short.done and long.done
+    assert len(list(long.tokens())) < 55  # cancelled, not run to its end
+    with pytest.raises(EngineClosedError, match="shutting down"):
+        engine.submit(bundle.request(prompt, max_new_tokens=3))
+
+
+EXIT_SCRIPT = """
+import sys, torch
+sys.path[:0] = [{root!r}]
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+from exporter.model import cache_layout
+from runtime.backends.eager import EagerDecode
+from runtime.engine.engine import Engine
+from runtime.format.contract import DecodeContract
+from runtime.generation.validate import Validator
+model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2)).eval()
+model.generation_config = GenerationConfig(eos_token_id=2, pad_token_id=0)
+contract = DecodeContract(cache_layout(model, 512), 1, 512, "float32", "cpu")
+request = Validator(model, contract, 96, lambda: None).request(torch.tensor([[5, 6, 7]]), max_new_tokens=500,
+                                                               min_new_tokens=500)
+handle = Engine(model, EagerDecode(model, contract), contract).submit(request)
+stream = iter(handle)
+next(stream)
+print("exiting with a request in flight", flush=True)
+"""
+
+
+def test_exiting_with_a_request_in_flight_is_clean(tmp_path):
+    """Without the engine's exit hook the interpreter froze its loop inside a native call and the
+    process aborted ("terminate called without an active exception", status 134)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT.format(root=str(Path(__file__).parents[2])))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "in flight" in done.stdout and "terminate" not in done.stderr
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-llama", "tiny-gemma2", "tiny-mistral"])
+@pytest.mark.parametrize("chunk", [3, 11])
+def test_chunked_prefill_matches_a_lone_generate(stand_in, name, chunk):
+    """Long prompts prefilled a chunk per step, continuing the cache (sliding rings of 8 included:
+    chunks of 3 and of 11 straddle the window), while other requests decode. Gemma 2 runs eager
+    attention, so its chunks take additive float masks."""
+    bundle = stand_in(name)
+    engine = _engine(bundle, prefill_chunk=chunk)
+    tok = bundle.tokenizer
+    padded = dict(tok(["one two three four five six", "x y z"], return_tensors="pt", padding=True))
+    plan = [(p, GREEDY, None) for p in _prompts(bundle, [30, 5, 36])] + [(padded, GREEDY, None)]
+    plan[1] = (plan[1][0], SAMPLED, 4)
+    assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan, engine))
+
+
+def test_a_long_prompt_is_prefilled_between_decode_steps(stand_in):
+    """With chunks, a running request keeps getting tokens while a long prompt is prefilled."""
+    bundle = stand_in("tiny-llama")
+    engine = _engine(bundle, prefill_chunk=4)
+    running = engine.submit(bundle.request(torch.tensor([[5, 6, 7]]), max_new_tokens=40))
+    stream = iter(running)
+    next(stream)
+    before = engine.steps
+    long = engine.submit(bundle.request(torch.randint(3, 90, (1, 41)), max_new_tokens=2))
+    long.result()
+    assert engine.steps - before >= 10  # 40 prompt tokens in chunks of 4, a decode step after each
+    list(stream)

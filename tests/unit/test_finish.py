@@ -1,0 +1,146 @@
+"""Why a request ended, for each way it can end: recorded by the engine per sequence, returned by
+`generate(return_dict_in_generate=True)` as `finish_reasons`, and reported by the server as OpenAI's
+`finish_reason` (on the eager backend: seconds)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from transformers import GenerationConfig, StoppingCriteria
+
+from runtime.engine.status import FinishReason
+from runtime.serve.completion import TextStream
+
+PROMPT = torch.tensor([[5, 17, 40, 9, 66, 31, 8]])
+
+
+@pytest.fixture(scope="module")
+def rt(eager_runtime):
+    return eager_runtime("tiny-llama", rows=4, cache=64)
+
+
+@functools.cache
+def _free(rt, new: int = 12) -> list[int]:
+    """The greedy continuation with no eos at all."""
+    ids = rt.generate(PROMPT, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    return ids[0, PROMPT.shape[1] :].tolist()
+
+
+def _stop_string(rt) -> str:
+    """Text the free continuation produces that HF's StopStringCriteria stops at (a random model makes
+    byte tokens too, whose text alone is not a whole character)."""
+    free = _free(rt)
+    for k in range(2, len(free) - 2):
+        stop = rt.tokenizer.decode(free[k : k + 2])
+        if stop.strip() and "\ufffd" not in stop:
+            ids = rt.model.generate(
+                PROMPT, max_new_tokens=12, do_sample=False, stop_strings=[stop], tokenizer=rt.tokenizer
+            )
+            if ids.shape[1] < PROMPT.shape[1] + 12:
+                return stop
+    pytest.fail("no stop string found in the free continuation")
+
+
+def _reasons(rt, inputs=PROMPT, **options):
+    out = rt.generate(inputs, do_sample=False, return_dict_in_generate=True, **options)
+    return out.sequences[:, PROMPT.shape[1] :], out.finish_reasons
+
+
+def test_length(rt):
+    tokens, reasons = _reasons(rt, max_new_tokens=5, min_new_tokens=5)
+    assert tokens.shape[1] == 5 and reasons == (FinishReason.LENGTH,) and reasons[0] == "length"
+
+
+def test_an_eos_token(rt):
+    free = _free(rt)
+    eos = free[3]
+    tokens, reasons = _reasons(rt, max_new_tokens=12, eos_token_id=eos, pad_token_id=0)
+    assert tokens[0].tolist() == free[: free.index(eos) + 1] and reasons == (FinishReason.EOS,)
+
+
+def test_a_stop_string(rt):
+    tokens, reasons = _reasons(rt, max_new_tokens=12, stop_strings=[_stop_string(rt)])
+    assert tokens.shape[1] < 12 and reasons == (FinishReason.STOP_STRING,)
+
+
+def test_max_time(rt):
+    tokens, reasons = _reasons(rt, max_new_tokens=40, max_time=0.0)
+    assert tokens.shape[1] == 1 and reasons == (FinishReason.TIME,)
+
+
+def test_a_callers_stopping_criterion(rt):
+    class AfterThree(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= PROMPT.shape[1] + 3)
+
+    tokens, reasons = _reasons(rt, max_new_tokens=12, stopping_criteria=[AfterThree()])
+    assert tokens.shape[1] == 3 and reasons == (FinishReason.CRITERION,)
+
+
+def test_each_row_of_a_batch_has_its_own_reason(rt):
+    """Row 0 meets the eos early and is padded after it, as HF pads; row 1 runs to the length."""
+    free = _free(rt)
+    other = torch.tensor([[5, 17, 40, 9, 66, 31, 3]])
+    eos = free[2]
+    assert eos not in rt.generate(other, max_new_tokens=8, do_sample=False)[0, PROMPT.shape[1] :].tolist()
+    tokens, reasons = _reasons(rt, torch.cat([PROMPT, other]), max_new_tokens=8, eos_token_id=eos, pad_token_id=0)
+    assert reasons == (FinishReason.EOS, FinishReason.LENGTH)
+    assert tokens[0, 3:].eq(0).all()  # the finished row is padded
+
+
+def test_cancelled(rt):
+    handle = rt.submit(PROMPT, max_new_tokens=50, min_new_tokens=50)
+    stream = iter(handle)
+    next(stream)
+    handle.cancel()
+    list(stream)
+    handle.wait()
+    assert handle.finish_reasons == (FinishReason.CANCELLED,)
+
+
+def test_failed(rt, monkeypatch):
+    import runtime.engine.runner
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("prefill exploded")
+
+    monkeypatch.setattr(runtime.engine.runner, "prefill_states", boom)
+    handle = rt.submit(PROMPT, max_new_tokens=4)
+    with pytest.raises(RuntimeError, match="exploded"):
+        handle.result()
+    assert handle.finish_reasons == (FinishReason.FAILED,)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"max_new_tokens": 4}, "length"),
+        ({"max_new_tokens": 12, "max_time": 0.0}, "length"),
+        ("eos", "stop"),
+        ("stop string", "stop"),
+    ],
+)
+def test_the_servers_finish_reason_comes_from_the_engine(rt, options, expected):
+    """What `aotpack serve` reports (runtime.serve.completion.TextStream over the request's handle)."""
+    free = _free(rt)
+    stops = None
+    if options == "eos":
+        options = {"max_new_tokens": 12, "eos_token_id": free[3], "pad_token_id": 0}
+    elif options == "stop string":
+        stops = [_stop_string(rt)]
+        options = {"max_new_tokens": 12, "stop_strings": stops}
+    handle = rt.submit(PROMPT, do_sample=False, **options)
+    text = TextStream(rt.tokenizer, handle, stops)
+    "".join(text)
+    assert text.finish_reason == expected
+
+
+def test_finish_reasons_are_unset_until_the_request_ends(rt):
+    handle = rt.submit(PROMPT, max_new_tokens=30, min_new_tokens=30, generation_config=GenerationConfig())
+    stream = iter(handle)
+    next(stream)
+    assert handle.finish_reasons is None
+    list(stream)
+    assert handle.finish_reasons == (FinishReason.LENGTH,)

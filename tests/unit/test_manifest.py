@@ -1,0 +1,235 @@
+"""The manifest reader: property-based tests (hypothesis). Whatever the bytes, reading either returns
+a Manifest or raises ManifestError; a written manifest reads back equal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.errors import ManifestError
+from runtime.format.layout import FULL, SLIDING, LayerLayout
+from runtime.format.manifest import (
+    FORMAT_VERSION,
+    SUPPORTED_VERSIONS,
+    Accuracy,
+    Constant,
+    Lowering,
+    Manifest,
+    OnnxDecode,
+    Parity,
+    Quantization,
+    _digest,
+)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+layers = st.builds(
+    lambda kind, slots, heads, dim: LayerLayout(kind, slots, slots if kind == SLIDING else None, heads, dim),
+    st.sampled_from([FULL, SLIDING]),
+    st.integers(1, 64),
+    st.integers(1, 8),
+    st.integers(1, 256),
+)
+
+
+names = st.text(min_size=1, max_size=10)
+quantizations = st.none() | st.builds(
+    lambda method, linears, embedding: Quantization(
+        method, 32 if method == "int4" else None, tuple(linears), embedding, linears[-1] if embedding else None
+    ),
+    st.sampled_from(["int8", "int4"]),
+    st.lists(names, min_size=1, max_size=3),
+    st.none() | names,
+)
+lowerings = st.builds(
+    lambda op, rows, cols, rates: Lowering(op, rows, cols, "float32", next(iter(rates), "aten"), rates),
+    st.sampled_from(["linear", "int8", "int4"]),
+    st.integers(1, 4096),
+    st.integers(1, 4096),
+    st.dictionaries(names, st.floats(0, 100), max_size=3),
+)
+constants = st.builds(
+    Constant,
+    st.text(max_size=10),
+    st.text(max_size=10),
+    st.none() | st.text(max_size=10),
+    st.sampled_from(["float32", "bfloat16"]),
+    st.lists(st.integers(0, 4096), max_size=3).map(tuple),
+)
+parities = st.builds(Parity, st.integers(0, 100), st.floats(0, 1), st.floats(0, 1), st.booleans())
+onnx_decodes = st.none() | st.builds(
+    lambda opset, initializers, parity: OnnxDecode("decode.onnx", opset, "1.32.0", tuple(initializers), parity),
+    st.integers(1, 30),
+    st.lists(constants, max_size=3),
+    parities,
+)
+accuracies = st.none() | st.builds(
+    Accuracy, st.integers(1, 512), st.floats(1, 1e4), st.floats(1, 1e4), st.integers(0, 256), st.floats(0, 1)
+)
+
+
+@st.composite
+def manifests(draw):
+    layout = tuple(draw(st.lists(layers, min_size=1, max_size=6)))
+    dtype = draw(st.sampled_from(["float32", "bfloat16", "float16"]))
+    batch = draw(st.integers(1, 64))
+    onnx = draw(onnx_decodes)
+    return Manifest(
+        format_version=FORMAT_VERSION,
+        aotpack_version="0.2.0",
+        torch_version=draw(st.text(min_size=1, max_size=12)),
+        transformers_version="5.24.0",
+        python_version="3.11.7",
+        model_class=draw(st.text(min_size=1, max_size=20)),
+        attn_implementation=draw(st.sampled_from(["sdpa", "eager"])),
+        is_multimodal=draw(st.booleans()),
+        device=draw(st.sampled_from(["cpu", "cuda"])),
+        cpu_isa=draw(st.none() | st.text(max_size=20)),
+        dtype=dtype,
+        batch_size=batch,
+        max_cache_len=64,
+        vocab_size=draw(st.integers(1, 300000)),
+        cache_layout=layout,
+        cache_bytes=tuple(layer.nbytes(batch, dtype) for layer in layout),
+        decode_inputs=("input_ids", "position_ids", "cache_position", "pad_mask"),
+        constants=tuple(draw(st.lists(constants, max_size=4))),
+        weight_aliases=draw(st.dictionaries(names, names, max_size=2)),
+        quantization=draw(quantizations),
+        lowerings=tuple(draw(st.lists(lowerings, max_size=3))),
+        accuracy=draw(accuracies),
+        files={"decode.pt2": "ab" * 32}
+        | ({"decode.onnx": "cd" * 32} if onnx else {})
+        | draw(st.dictionaries(st.text(min_size=1, max_size=10), st.text(max_size=64), max_size=4)),
+        build_seconds=draw(st.floats(0, 1e6)),
+        built_at="2026-11-29T00:00:00+00:00",
+        parity=draw(parities),
+        onnx=onnx,
+    )
+
+
+def _with_digest(raw: dict) -> str:
+    raw = {k: v for k, v in raw.items() if k != "digest"}
+    return json.dumps(raw | {"digest": _digest(raw)})
+
+
+@given(manifests())
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+def test_round_trip(manifest):
+    assert Manifest.from_json(manifest.to_json()) == manifest
+
+
+@given(json_values)
+@settings(max_examples=300)
+def test_arbitrary_json_is_refused_cleanly(value):
+    with pytest.raises(ManifestError):
+        Manifest.from_json(json.dumps(value))
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=200)
+def test_arbitrary_bytes_are_refused_cleanly(data):
+    with pytest.raises(ManifestError):
+        Manifest.from_json(data.decode("latin-1"))
+
+
+@given(manifests(), st.data())
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_any_field_replaced_by_any_json_reads_or_refuses(manifest, data):
+    """Even with a valid digest (a consistent, deliberate edit), a wrong type or value is a ManifestError."""
+    raw = json.loads(manifest.to_json())
+    key = data.draw(st.sampled_from(sorted(k for k in raw if k != "digest")))
+    raw[key] = data.draw(json_values)
+    try:
+        read = Manifest.from_json(_with_digest(raw))
+    except ManifestError:
+        return
+    assert isinstance(read, Manifest)
+    assert read.batch_size >= 1 and read.max_cache_len >= 1 and read.dtype in ("float32", "bfloat16", "float16")
+
+
+@given(manifests(), st.integers(0, 10_000), st.integers(0, 7))
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_any_flipped_bit_is_refused(manifest, position, bit):
+    text = bytearray(manifest.to_json().encode())
+    text[position % len(text)] ^= 1 << bit
+    try:
+        read = Manifest.from_json(text.decode("utf-8"))
+    except (ManifestError, UnicodeDecodeError):
+        return
+    assert read == manifest  # only a flip JSON cannot see (e.g. inside insignificant whitespace) may pass
+
+
+@given(manifests(), st.just(1) | st.just(2) | st.integers(FORMAT_VERSION + 1, 10**6))
+def test_unsupported_versions_name_both(manifest, version):
+    raw = json.loads(manifest.to_json()) | {"format_version": version}
+    readable = ", ".join(map(str, sorted(SUPPORTED_VERSIONS)))
+    with pytest.raises(ManifestError, match=f"format_version {version} .* reads \\[{readable}\\]"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=50)
+def test_format_3_reads_without_an_onnx_decode(manifest):
+    """A format 3 bundle (before --onnx) still loads: the same decode.pt2, no ONNX entry."""
+    raw = json.loads(manifest.to_json()) | {"format_version": 3}
+    raw.pop("onnx")
+    assert Manifest.from_json(_with_digest(raw)).onnx is None
+    with pytest.raises(ManifestError, match="format 3 manifest has no onnx entry"):
+        Manifest.from_json(_with_digest(raw | {"onnx": None}))
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_an_onnx_entry_needs_its_listed_file(manifest):
+    raw = json.loads(manifest.to_json())
+    if raw["onnx"] is None:
+        return
+    raw["files"].pop("decode.onnx")
+    with pytest.raises(ManifestError, match="not a listed decode.onnx"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=50)
+def test_layer_kind_and_window_must_agree(manifest):
+    raw = json.loads(manifest.to_json())
+    layer = raw["cache_layout"][0]
+    layer["kind"] = SLIDING if layer["kind"] == FULL else FULL  # keep the other kind's window (or lack of one)
+    with pytest.raises(ManifestError, match="window goes with sliding layers only"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"a": 1, "a": 2}', "repeats the key 'a'"),
+        ('{"a": NaN}', "NaN, which is not JSON"),
+        ('{"a": Infinity}', "Infinity, which is not JSON"),
+        ('{"a": 1e400}', "non-finite number 1e400"),
+        ("[" * 100_000 + "]" * 100_000, "RecursionError"),
+        ('{"a": ' + "9" * 5000 + "}", "not valid JSON"),
+        (b'{"a": "\xff"}', "UnicodeDecodeError"),
+    ],
+    ids=["duplicate key", "NaN", "Infinity", "overflowing float", "deep nesting", "5000 digits", "not UTF-8"],
+)
+def test_hostile_json_is_a_manifest_error(text, message):
+    with pytest.raises(ManifestError, match=message):
+        Manifest.from_json(text)
+
+
+@given(manifests(), st.integers(1, 10**400))
+@settings(max_examples=30)
+def test_cache_bytes_must_match_the_layout(manifest, nbytes):
+    raw = json.loads(manifest.to_json())
+    if nbytes == raw["cache_bytes"][0]:
+        return
+    raw["cache_bytes"][0] = nbytes
+    with pytest.raises(ManifestError, match="does not match its layer"):
+        Manifest.from_json(_with_digest(raw))

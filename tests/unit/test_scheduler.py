@@ -1,0 +1,194 @@
+"""The scheduler with no model, no tensors and no clock: who gets which rows, in what order, which
+prompt pieces each iteration prefills, and what cancellation, timeouts and sessions' leases do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from runtime.engine.scheduler import Lease, Scheduler
+from runtime.engine.status import Status
+from runtime.errors import EngineClosedError, QueueFullError, RuntimeBusyError
+
+
+@dataclass(eq=False)
+class Req:
+    """What the scheduler reads of a request: as runtime.engine.request.RequestState has it."""
+
+    batch: int = 1
+    prompt: int = 10
+    images: bool = False
+    fed: int = 0
+    submitted: float = 0.0
+    lease: Lease | None = None
+    status: Status = Status.WAITING
+    rows: slice | None = None
+    cancel_requested: bool = False
+
+    @property
+    def final(self) -> int:
+        return self.prompt - 1
+
+    @property
+    def chunkable(self) -> bool:
+        return self.fed > 0 or not self.images
+
+
+def _run_prefill(s: Scheduler, plan) -> None:
+    """What the engine does with a plan's pieces: each one goes into the cache."""
+    for piece in plan.prefill:
+        s.prefilled(piece)
+
+
+def test_requests_take_the_lowest_adjacent_free_rows_in_arrival_order():
+    s = Scheduler(rows=4)
+    a, b, c = Req(batch=1), Req(batch=2), Req(batch=1)
+    for r in (a, b, c):
+        s.add(r)
+    plan = s.plan(now=0)
+    assert plan.admitted == [a, b, c]
+    assert (a.rows, b.rows, c.rows) == (slice(0, 1), slice(1, 3), slice(3, 4))
+    assert all(r.status is Status.PREFILLING for r in (a, b, c)) and s.rows_in_use == 4
+
+
+def test_a_large_request_is_not_overtaken_by_later_small_ones():
+    s = Scheduler(rows=4)
+    running, large, small = Req(batch=3), Req(batch=2), Req(batch=1)
+    s.add(running)
+    s.plan(now=0)
+    s.add(large)
+    s.add(small)
+    assert s.plan(now=1).admitted == []  # one row is free, but the large one came first
+    s.finish(running)
+    assert s.plan(now=2).admitted == [large, small]
+    assert (large.rows, small.rows) == (slice(0, 2), slice(2, 3))
+
+
+def test_a_request_that_waits_past_the_busy_timeout_expires():
+    s = Scheduler(rows=1, busy_timeout=5.0)
+    s.add(Req(submitted=0))
+    s.plan(now=0)
+    late = Req(submitted=1)
+    s.add(late)
+    assert s.deadline(now=2) == pytest.approx(4.0)
+    assert s.plan(now=5.9).expired == []
+    assert s.plan(now=6.0).expired == [late] and not s.waiting
+
+
+def test_text_prompts_are_prefilled_in_chunks_and_then_decode():
+    s = Scheduler(rows=2, prefill_chunk=4)
+    r = Req(prompt=11)  # 10 tokens go into the cache, the 11th is the first decode step's
+    s.add(r)
+    spans = []
+    while r.status is not Status.DECODING:
+        plan = s.plan(now=0)
+        spans += [(p.start, p.end) for p in plan.prefill]
+        _run_prefill(s, plan)
+    assert spans == [(0, 4), (4, 8), (8, 10)]
+    assert s.decoding() == ([r], 1)
+
+
+def test_a_prompt_with_images_is_prefilled_whole_and_one_ending_in_an_image_token_includes_it():
+    s = Scheduler(rows=2, prefill_chunk=4)
+    r = Req(prompt=20, images=True)
+    s.add(r)
+    plan = s.plan(now=0)
+    assert [(p.start, p.end) for p in plan.prefill] == [(0, 19)]
+
+    class EndsInImage(Req):
+        @property
+        def final(self) -> int:
+            return self.prompt  # the decode graph cannot embed an image token: the prefill takes it too
+
+    s = Scheduler(rows=1)
+    r = EndsInImage(prompt=7, images=True)
+    s.add(r)
+    assert [(p.start, p.end) for p in s.plan(now=0).prefill] == [(0, 7)]
+
+
+def test_each_iteration_gives_new_requests_their_first_chunk_and_the_oldest_pending_one_more():
+    s = Scheduler(rows=3, prefill_chunk=2)
+    old = Req(prompt=9)
+    s.add(old)
+    _run_prefill(s, s.plan(now=0))  # old: [0, 2)
+    new = Req(prompt=9)
+    s.add(new)
+    plan = s.plan(now=1)
+    assert [(p.state, p.start, p.end) for p in plan.prefill] == [(new, 0, 2), (old, 2, 4)]
+
+
+def test_cancelled_requests_are_released_or_dropped_and_their_rows_reused():
+    s = Scheduler(rows=2)
+    running, waiting = Req(batch=2), Req()
+    s.add(running)
+    s.plan(now=0)
+    s.add(waiting)
+    waiting.cancel_requested = running.cancel_requested = True
+    plan = s.plan(now=1)
+    assert plan.released == [running] and plan.dropped == [waiting]
+    assert s.rows_in_use == 0 and s.idle
+    fresh = Req(batch=2)
+    s.add(fresh)
+    assert s.plan(now=2).admitted == [fresh] and fresh.rows == slice(0, 2)
+
+
+def test_the_decode_step_covers_rows_up_to_the_last_decoding_one():
+    s = Scheduler(rows=4)
+    reqs = [Req(prompt=1), Req(prompt=5), Req(prompt=1)]  # a 1-token prompt has nothing to prefill
+    for r in reqs:
+        s.add(r)
+    plan = s.plan(now=0)
+    assert [p.state for p in plan.prefill] == [reqs[1]]  # the others decode at once
+    assert s.decoding() == ([reqs[0], reqs[2]], 3)  # the middle one is still prefilling, but stepped
+    s.prefilled(plan.prefill[0])
+    assert s.decoding() == (reqs, 3)
+    s.finish(reqs[2])
+    assert s.decoding() == (reqs[:2], 2)
+
+
+def test_a_lease_holds_its_row_between_turns():
+    s = Scheduler(rows=2)
+    lease = s.lease()
+    assert lease.rows == slice(0, 1) and s.rows_in_use == 1
+    other = Req()
+    s.add(other)
+    _run_prefill(s, s.plan(now=0))
+    assert other.rows == slice(1, 2)  # the leased row is not free
+    with pytest.raises(RuntimeBusyError, match="each session holds one"):
+        s.lease()
+    turn = Req(lease=lease, fed=6, prompt=8)  # the row holds 6 of the prompt's tokens
+    s.add(turn)
+    plan = s.plan(now=1)
+    assert turn.rows == lease.rows and [(p.start, p.end) for p in plan.prefill] == [(6, 7)]
+    s.finish(turn)
+    assert s.owners[0] is lease  # back to the session, not free
+    s.unlease(lease)
+    assert s.owners[0] is None
+
+
+def test_a_turn_whose_prompt_the_row_already_holds_decodes_at_once():
+    s = Scheduler(rows=1)
+    lease = s.lease()
+    turn = Req(lease=lease, fed=9, prompt=10)
+    s.add(turn)
+    plan = s.plan(now=0)
+    assert plan.admitted == [turn] and plan.prefill == [] and turn.status is Status.DECODING
+
+
+def test_a_closed_scheduler_or_a_full_queue_refuses_new_requests():
+    s = Scheduler(rows=1)
+    s.add(Req())
+    with pytest.raises(QueueFullError, match="1 requests are already waiting"):
+        s.add(Req(), max_waiting=1)
+    s.close()
+    with pytest.raises(EngineClosedError):
+        s.add(Req())
+    with pytest.raises(EngineClosedError):
+        s.lease()
+
+
+def test_nothing_to_do_is_an_empty_plan():
+    s = Scheduler(rows=2)
+    plan = s.plan(now=0)
+    assert plan.empty and s.idle and s.deadline(now=0) is None
