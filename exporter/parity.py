@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from runtime.engine.engine import Engine
-from runtime.errors import ExportError
+from runtime.errors import AotpackError, ExportError
 from runtime.format.contract import DecodeContract
 from runtime.format.manifest import Parity
 from runtime.generation.validate import Validator
@@ -56,7 +56,9 @@ def check_parity(model, decodes: dict, contract: DecodeContract, tokenizer, step
     ref_tokens = ref.sequences[:, ids.shape[1] :]  # (b, steps)
     reports = {}
     for what, decode in decodes.items():
-        ours = _teacher_forced(model, decode, contract, ids, mask, ref_tokens)
+        ours = _teacher_forced(model, decode, contract, tokenizer, ids, mask, ref_tokens)
+        if len(ours) != steps:
+            raise ExportError(f"parity check failed: {what} stopped after {len(ours)} of {steps} forced steps")
         reports[what] = _report(what, ours, ref.logits, steps, contract.dtype)
     return reports
 
@@ -87,15 +89,18 @@ class _Forced:
         return torch.full_like(scores, -float("inf")).scatter(1, forced[:, None], 0.0)
 
 
-def _teacher_forced(model, decode, contract, ids, mask, tokens) -> list[torch.Tensor]:
+def _teacher_forced(model, decode, contract, tokenizer, ids, mask, tokens) -> list[torch.Tensor]:
     """The raw logits (b, vocab) of each step, the engine fed the reference's `tokens` (b, steps). Its
     cache holds only the prompt's rows (the decode checks its inputs against its own contract)."""
     contract = replace(contract, batch_size=ids.shape[0])
     engine = Engine(model, decode, contract)
     vocab = model.config.get_text_config().vocab_size
-    validator = Validator(model, contract, vocab, tokenizer=lambda: None)
+    validator = Validator(model, contract, vocab, tokenizer=lambda: tokenizer)
     forced = [_Forced(tokens, ids.shape[1])]
-    request = validator.request(ids, mask, max_new_tokens=tokens.shape[1], do_sample=False, logits_processor=forced)
+    try:
+        request = validator.request(ids, mask, max_new_tokens=tokens.shape[1], do_sample=False, logits_processor=forced)
+    except AotpackError as e:  # the checkpoint's own generation defaults refused (a pad id past its vocabulary)
+        raise ExportError(f"parity check could not run: {e}") from None
     try:
         return [logits for _, logits in engine.submit(request, want_logits=True)]
     finally:

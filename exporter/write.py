@@ -1,6 +1,6 @@
 """Writing the model half of a bundle: weights, config, generation config, tokenizer or processor.
 
-Owns: the writing side of runtime/weights.py's contract. Every persistent parameter and buffer is
+Owns: the writing side of runtime/model/weights.py's contract. Every persistent parameter and buffer is
 stored under its module path; a tensor that several paths share (a tied lm_head) is stored once and
 the other paths become `weight_aliases`. `save_pretrained` is not used for weights: it refuses
 quantized modules, and for some models (the Gemma3 VLM) writes a legacy key layout.

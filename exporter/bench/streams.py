@@ -58,7 +58,7 @@ def concurrent(rt, prompts, new_tokens: int) -> dict:
 
 def admission(rt, prompts, long_prompt, new_tokens: int, chunk: int | None) -> dict:
     """`prompts` decode; once each has produced 2 * SKIP tokens, `long_prompt` is submitted."""
-    rt.engine.prefill_chunk = chunk
+    rt.engine.prefill_chunk = chunk  # whole prompts (None), or chunks of this many tokens
     handles = [rt.submit(p, max_new_tokens=new_tokens, **NEVER) for p in prompts]
     while min(len(h.times) for h in handles) < 2 * SKIP:
         time.sleep(0.001)
@@ -83,9 +83,9 @@ def admission(rt, prompts, long_prompt, new_tokens: int, chunk: int | None) -> d
 
 
 def measure(args) -> dict:
-    from runtime import load
+    from runtime import LoadConfig, load
 
-    rt = load(args.path, num_threads=args.threads)
+    rt = load(args.path, LoadConfig(num_threads=args.threads))
     prompts = _prompts(rt.manifest.vocab_size, args.streams, args.prompt_len)
     rt.generate(prompts[0], max_new_tokens=4)  # first-call costs out of the way
     long_prompt = _prompts(rt.manifest.vocab_size, 1, args.long_prompt)[0]

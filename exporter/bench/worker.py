@@ -17,7 +17,7 @@ import time
 SYSTEMS = ("hf_eager", "hf_compile", "aotpack", "aotpack_onnx", "aotpack_onnx_prepacked", "llama_cpp")
 # aotpack's decode on ONNX Runtime (decode.onnx): over the eager model's weights, or prepacked (a copy)
 ONNX_SYSTEMS = ("aotpack_onnx", "aotpack_onnx_prepacked")
-AOTPACK_SYSTEMS = {  # each one's load() options
+AOTPACK_SYSTEMS = {  # each one's load options (runtime.config.LoadConfig fields)
     "aotpack": {},
     "aotpack_onnx": {"backend": "onnxruntime"},
     "aotpack_onnx_prepacked": {"backend": "onnxruntime", "prepack": True},
@@ -90,9 +90,9 @@ def _load(system: str, path: str, dtype: str, args=None):
     import torch
 
     if system in AOTPACK_SYSTEMS:
-        from runtime import load
+        from runtime import LoadConfig, load
 
-        return load(path, **AOTPACK_SYSTEMS[system])
+        return load(path, LoadConfig(**AOTPACK_SYSTEMS[system]))
     if system == "llama_cpp":
         from llama_cpp import Llama
 

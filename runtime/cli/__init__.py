@@ -18,6 +18,7 @@ from pathlib import Path
 
 from runtime import backends
 from runtime.errors import AotpackError
+from runtime.serve.config import PREFILL_CHUNK
 
 
 class Formatter(argparse.HelpFormatter):
@@ -105,7 +106,9 @@ def _add_serve(sub) -> None:
     s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for cache rows before 429")
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: $AOTPACK_API_KEY, else none)")
-    s.add_argument("--prefill-chunk", type=int, default=64, help="prefill long prompts in chunks of N tokens; 0: whole")
+    s.add_argument(
+        "--prefill-chunk", type=int, default=PREFILL_CHUNK, help="prefill long prompts in chunks of N tokens; 0: whole"
+    )
     s.add_argument("--max-body-bytes", type=int, default=16 * 2**20, help="larger request bodies get 413")
     s.add_argument("--max-image-pixels", type=int, default=16 * 2**20, help="larger images are refused")
     s.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
@@ -201,9 +204,7 @@ def _serve(args) -> int:
 
 
 def _prefill_chunk(value: int) -> int | None:
-    if value < 0:
-        raise AotpackError(f"--prefill-chunk must be >= 1 (or 0 for whole prompts), got {value}")
-    return value or None
+    return value or None  # 0: whole prompts; the range is LoadConfig's
 
 
 def _ray_config(args):

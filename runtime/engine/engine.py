@@ -22,6 +22,7 @@ import weakref
 
 import torch
 
+from runtime.config import LoadConfig
 from runtime.engine.handle import Handle
 from runtime.engine.request import Request, RequestState
 from runtime.engine.runner import Runner
@@ -33,7 +34,12 @@ from runtime.format.contract import DecodeContract
 
 class Engine:
     def __init__(
-        self, model, decode, contract: DecodeContract, busy_timeout: float = 300.0, prefill_chunk: int | None = None
+        self,
+        model,
+        decode,
+        contract: DecodeContract,
+        busy_timeout: float = LoadConfig.busy_timeout,
+        prefill_chunk: int | None = LoadConfig.prefill_chunk,
     ):
         """`model` prefills, `decode` (a backend's step over the same weights) decodes, `contract` sizes
         the cache. A request waits at most `busy_timeout` seconds for rows; with `prefill_chunk`, text
@@ -59,7 +65,7 @@ class Engine:
         `max_waiting`, a request that would find that many already waiting is refused instead. With a
         `lease` (a session's row) the request runs in that row, whose first `reuse` cached tokens are the
         prompt's first `reuse` tokens: only the rest is prefilled."""
-        state = RequestState(request, want_logits, lease, reuse if lease is not None else 0)
+        state = RequestState(request, want_logits, lease, _reusable(request, reuse) if lease is not None else 0)
         with self._cond:
             self.scheduler.add(state, max_waiting)
             if self._thread is None:
@@ -83,6 +89,7 @@ class Engine:
     def unlease(self, lease: Lease) -> None:
         with self._cond:
             self.scheduler.unlease(lease)
+            self._cond.notify()  # a request may be waiting for that row
 
     def stop_admitting(self) -> None:
         """New submissions raise EngineClosedError; what is queued or running carries on."""
@@ -106,6 +113,17 @@ class Engine:
             thread.join()
 
     @property
+    def prefill_chunk(self) -> int | None:
+        return self.scheduler.prefill_chunk
+
+    @prefill_chunk.setter
+    def prefill_chunk(self, chunk: int | None) -> None:
+        """Whole prompts (None), or text prompts a chunk of this many tokens per iteration, from now on."""
+        chunk = LoadConfig(prefill_chunk=chunk).prefill_chunk  # its range, checked where every load option is
+        with self._cond:
+            self.scheduler.prefill_chunk = chunk
+
+    @property
     def load(self) -> tuple[int, int]:
         """(requests running, requests waiting)."""
         with self._cond:
@@ -122,9 +140,24 @@ class Engine:
     # ---- the loop's side ----
     def _loop(self) -> None:
         torch.set_num_threads(torch.get_num_threads())  # this thread's OpenMP team, as the process set it
-        with torch.inference_mode():
-            while (plan := self._next_plan()) is not None:
-                self._carry_out(plan)
+        try:
+            with torch.inference_mode():
+                while (plan := self._next_plan()) is not None:
+                    self._carry_out(plan)
+        except BaseException as e:  # a bug of the engine's own: nobody may be left waiting on a dead loop
+            self._abandon(e)
+            raise
+
+    def _abandon(self, error: BaseException) -> None:
+        """Fail every request the loop held or queued, and let the next submission start a new loop."""
+        with self._cond:
+            states = [*self.scheduler.waiting, *self.scheduler.running]
+            self.scheduler.waiting.clear()
+            for state in list(self.scheduler.running):
+                self.scheduler.finish(state)
+            self._thread = None
+        for state in states:
+            state.finish(FinishReason.FAILED, error)
 
     def _next_plan(self) -> Plan | None:
         """Under the lock: the next iteration's plan; None when nothing is left (the thread then ends)."""
@@ -146,7 +179,10 @@ class Engine:
         for state in plan.expired:
             state.finish(FinishReason.FAILED, self._busy())
         for state in plan.admitted:
-            self._begin(state)
+            try:
+                self._begin(state)
+            except Exception as e:  # this request fails alone
+                self._end(state, FinishReason.FAILED, e)
         for piece in plan.prefill:
             self._prefill(piece)
         with self._cond:
@@ -204,7 +240,7 @@ class Engine:
             cached = self.runner.keep(state, failed=error is not None)
             state.lease.held = state.history[:, :cached] if cached else None
         elif state.rows is not None:
-            self.runner.release(state.rows)
+            self.runner.release(state.rows, wipe=error is not None)  # after a failure nothing in it is trusted
         state.finish(reason, error)
 
     def _busy(self) -> RuntimeBusyError:
@@ -213,6 +249,12 @@ class Engine:
             f"no free cache rows for {s.busy_timeout:g} s: all {len(s.owners)} of this bundle's rows are "
             "generating; retry, raise busy_timeout, or re-export with a larger --batch-size"
         )
+
+
+def _reusable(request: Request, reuse: int) -> int:
+    """Prompt tokens a leased row's cache may stand for: at most all but the last, which the decode step
+    feeds (none when the prompt ends in an image token: such a prompt is prefilled whole)."""
+    return 0 if request.ends_in_image else max(0, min(reuse, request.prompt_len - 1))
 
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()

@@ -7,8 +7,10 @@ tokens from a step's logits exactly as HF `generate` does: transformers' own log
 request's history, greedy or sampled with the request's own generator, finished rows padded with the
 pad id, transformers' own stopping criteria ending rows (length, time, stop strings, eos, the caller's).
 
-The engine's thread is the only writer of a state; a caller reads it through its Handle
-(runtime.engine.handle) once the engine says it is finished, or through the token stream before that.
+The engine's thread writes a state's progress and outcome; a caller reads them through its Handle
+(runtime.engine.handle), from the token stream while it runs and the rest once it has finished. The
+one field other threads write is `cancel_requested` (Engine.cancel and Engine.close, under the
+engine's lock), which the scheduler reads.
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ _END = object()  # the stream's last item
 
 
 class RequestState:
-    """A request as the engine runs it. The scheduler (runtime.engine.scheduler) reads and sets its
-    scheduling fields (`status`, `rows`, `fed`, `cancel_requested`); the engine its tokens."""
+    """A request as the engine runs it. The scheduler (runtime.engine.scheduler) sets its scheduling
+    fields (`status`, `rows`, `fed`) and reads `cancel_requested`; the engine sets its tokens."""
 
     def __init__(self, request: Request, want_logits: bool = False, lease=None, reuse: int = 0):
         self.request = request
@@ -117,8 +119,9 @@ class RequestState:
     @property
     def chunkable(self) -> bool:
         """Chunks continue the cache through aotpack's own masks, which know text only: a prompt with
-        images is prefilled whole (a session's continuation, text by construction, is chunkable)."""
-        return self.fed > 0 or not self.request.model_inputs
+        images is prefilled whole (a session's continuation, text by construction, is chunkable), and so is
+        one ending in an image token, whose prefill gives the first logits."""
+        return not self.request.ends_in_image and (self.fed > 0 or not self.request.model_inputs)
 
     # ---- the engine's side ----
     def choose(self, logits: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,12 @@ rows in use.
 Owns the tensors the requests share: the KV cache (allocated once, B rows of the contract's layout),
 each row's step inputs (runtime.model.positions.RowPositions), and the next token of every row. Rows
 carry nothing from one request to the next: a NaN left in a slot poisons attention even where masked
-(0 * NaN), so a request's rows are zeroed when it takes them; a row nobody holds steps harmlessly (it
-writes and attends to its own slot 0 only).
+(0 * NaN), so a request's rows are zeroed when it takes them (and when a failure leaves them); a row
+nobody holds steps harmlessly (it writes and attends to its own slot 0 only).
+
+What keeps rows apart is that nothing in a decode step mixes rows: attention, norms and the weight-only
+quantized linears are all per row. A kernel that mixed rows (activation quantization with one scale
+per batch, say) would have to clear every idle row first.
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ class Runner:
 
     def clear(self, rows: slice) -> None:
         """Rows a request takes start empty."""
-        for t in self.kv:
-            t[rows].zero_()
-        self.release(rows)
+        self.release(rows, wipe=True)
 
-    def release(self, rows: slice) -> None:
-        """Rows nobody holds: stepped harmlessly."""
+    def release(self, rows: slice, wipe: bool = False) -> None:
+        """Rows nobody holds: stepped harmlessly. `wipe`: zero what their cache holds too."""
+        if wipe:
+            for t in self.kv:
+                t[rows].zero_()
         self.positions.idle(rows)
         self.tokens[rows] = 0
 
@@ -49,6 +54,7 @@ class Runner:
         image token runs whole and returns its first logits (b, vocab) fp32. Otherwise None."""
         state, start, end = piece.state, piece.start, piece.end
         r, kv = state.request, [t[state.rows] for t in self.kv]  # views of the request's rows only
+        assert start == 0 or end < r.prompt_len, "a continuing prefill is text only: it cannot give logits"
         logits = None
         if start > 0:
             prefill_more(self.model, kv, self.layout, r.input_ids[:, start:end], r.attention_mask[:, :end], start)
@@ -100,5 +106,5 @@ class Runner:
         if cached:
             self.positions.park(state.rows, cached)
         else:
-            self.release(state.rows)
+            self.release(state.rows, wipe=failed)
         return cached

@@ -3,8 +3,9 @@
 Owns: the bundle's B cache rows and who holds each (a request, a session's lease, or nobody); the queue
 of requests waiting for rows, in arrival order, with its bound and the busy timeout; cancellations;
 and each iteration's plan: whom to release, whom to admit into which rows, and which prompt pieces to
-prefill. It reads and sets only plain fields of a request's state (runtime.engine.request.State: its
-batch, prompt progress, status and rows) and imports no torch, so it is tested with no model at all
+prefill. It reads and sets only plain fields of a request's state (`State` below, as
+runtime.engine.request.RequestState has them: its batch, prompt progress, status and rows) and imports
+no torch, so it is tested with no model at all
 (tests/unit/test_scheduler.py), as vLLM tests its scheduler.
 
 The policy:
@@ -78,7 +79,7 @@ class Plan:
 class Scheduler:
     """Not thread-safe: the engine calls it under its own lock."""
 
-    def __init__(self, rows: int, busy_timeout: float = 300.0, prefill_chunk: int | None = None):
+    def __init__(self, rows: int, busy_timeout: float, prefill_chunk: int | None = None):
         self.owners: list[State | Lease | None] = [None] * rows
         self.busy_timeout = busy_timeout
         self.prefill_chunk = prefill_chunk

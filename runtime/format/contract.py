@@ -4,7 +4,7 @@ Owns: the step's inputs in call order (name, dtype, shape rule), its output, whi
 and the fingerprint of all that which is compiled into the `.pt2` (and decode.onnx), so `load()`
 refuses a manifest that describes other buffers than the compiled step expects. Torch-free: the
 checks made before every call are runtime.backends.checks', the example inputs and dynamic shapes
-the exporter traces with are exporter.trace's, both read from here.
+the exporter traces with are exporter.compile's, both read from here.
 
 To change the decode signature, change `STEP_INPUTS` (and `DecodeStep.forward` in runtime.model.step,
 which takes the same inputs in the same order) and bump the manifest's format version.

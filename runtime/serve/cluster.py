@@ -103,7 +103,12 @@ def deploy(config: ServeConfig, ray_config: RayConfig) -> str:
     rows = read_manifest(config.bundle).batch_size
     # Each replica reserves its threads as Ray CPUs. The path is made absolute here, as replicas do not
     # share the driver's working directory; on a cluster it must name the same bundle on every node.
-    load = replace(config.load, num_threads=config.load.num_threads or 1)
+    keys = config.load.trusted_keys
+    load = replace(
+        config.load,
+        num_threads=config.load.num_threads or 1,
+        trusted_keys=tuple(Path(k).resolve() for k in keys) if keys is not None else None,
+    )
     config = config.replace(load=load, bundle=Path(config.bundle).resolve())
     serve.start(http_options={"host": config.host, "port": config.port})
     app = deployment(config, ray_config, rows).bind(config)

@@ -292,3 +292,33 @@ def test_a_long_prompt_is_prefilled_between_decode_steps(stand_in):
     long.result()
     assert engine.steps - before >= 10  # 40 prompt tokens in chunks of 4, a decode step after each
     list(stream)
+
+
+def test_a_request_waiting_for_a_sessions_row_starts_as_soon_as_the_session_closes(eager_runtime):
+    """Nothing runs, so the loop sleeps until the waiting request's deadline: closing the session must
+    wake it (it used to sleep out the whole busy_timeout)."""
+    import time
+
+    rt = eager_runtime("tiny-llama", rows=1, cache=CACHE)
+    session = rt.session()
+    start = time.monotonic()
+    handle = rt.submit(torch.tensor([[5, 6, 7]]), max_new_tokens=2)
+    threading.Timer(0.3, session.close).start()
+    assert handle.result().shape == (1, 5)
+    assert time.monotonic() - start < 30  # not the 300 s busy_timeout
+
+
+def test_a_failure_of_the_loop_itself_fails_its_requests_and_the_next_starts_a_new_loop(stand_in, monkeypatch):
+    bundle = stand_in("tiny-llama")
+    engine = _engine(bundle)
+    real = engine.scheduler.plan
+
+    def broken(now):
+        monkeypatch.setattr(engine.scheduler, "plan", real)  # once
+        raise RuntimeError("scheduler bug")
+
+    monkeypatch.setattr(engine.scheduler, "plan", broken)
+    handle = engine.submit(bundle.request(torch.tensor([[5, 6, 7]]), max_new_tokens=2))
+    with pytest.raises(RuntimeError, match="scheduler bug"):
+        handle.result()
+    assert engine.submit(bundle.request(torch.tensor([[5, 6, 7]]), max_new_tokens=2)).result().shape == (1, 5)

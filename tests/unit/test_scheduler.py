@@ -42,7 +42,7 @@ def _run_prefill(s: Scheduler, plan) -> None:
 
 
 def test_requests_take_the_lowest_adjacent_free_rows_in_arrival_order():
-    s = Scheduler(rows=4)
+    s = Scheduler(rows=4, busy_timeout=300)
     a, b, c = Req(batch=1), Req(batch=2), Req(batch=1)
     for r in (a, b, c):
         s.add(r)
@@ -53,7 +53,7 @@ def test_requests_take_the_lowest_adjacent_free_rows_in_arrival_order():
 
 
 def test_a_large_request_is_not_overtaken_by_later_small_ones():
-    s = Scheduler(rows=4)
+    s = Scheduler(rows=4, busy_timeout=300)
     running, large, small = Req(batch=3), Req(batch=2), Req(batch=1)
     s.add(running)
     s.plan(now=0)
@@ -77,7 +77,7 @@ def test_a_request_that_waits_past_the_busy_timeout_expires():
 
 
 def test_text_prompts_are_prefilled_in_chunks_and_then_decode():
-    s = Scheduler(rows=2, prefill_chunk=4)
+    s = Scheduler(rows=2, busy_timeout=300, prefill_chunk=4)
     r = Req(prompt=11)  # 10 tokens go into the cache, the 11th is the first decode step's
     s.add(r)
     spans = []
@@ -90,7 +90,7 @@ def test_text_prompts_are_prefilled_in_chunks_and_then_decode():
 
 
 def test_a_prompt_with_images_is_prefilled_whole_and_one_ending_in_an_image_token_includes_it():
-    s = Scheduler(rows=2, prefill_chunk=4)
+    s = Scheduler(rows=2, busy_timeout=300, prefill_chunk=4)
     r = Req(prompt=20, images=True)
     s.add(r)
     plan = s.plan(now=0)
@@ -101,14 +101,14 @@ def test_a_prompt_with_images_is_prefilled_whole_and_one_ending_in_an_image_toke
         def final(self) -> int:
             return self.prompt  # the decode graph cannot embed an image token: the prefill takes it too
 
-    s = Scheduler(rows=1)
+    s = Scheduler(rows=1, busy_timeout=300)
     r = EndsInImage(prompt=7, images=True)
     s.add(r)
     assert [(p.start, p.end) for p in s.plan(now=0).prefill] == [(0, 7)]
 
 
 def test_each_iteration_gives_new_requests_their_first_chunk_and_the_oldest_pending_one_more():
-    s = Scheduler(rows=3, prefill_chunk=2)
+    s = Scheduler(rows=3, busy_timeout=300, prefill_chunk=2)
     old = Req(prompt=9)
     s.add(old)
     _run_prefill(s, s.plan(now=0))  # old: [0, 2)
@@ -119,7 +119,7 @@ def test_each_iteration_gives_new_requests_their_first_chunk_and_the_oldest_pend
 
 
 def test_cancelled_requests_are_released_or_dropped_and_their_rows_reused():
-    s = Scheduler(rows=2)
+    s = Scheduler(rows=2, busy_timeout=300)
     running, waiting = Req(batch=2), Req()
     s.add(running)
     s.plan(now=0)
@@ -134,7 +134,7 @@ def test_cancelled_requests_are_released_or_dropped_and_their_rows_reused():
 
 
 def test_the_decode_step_covers_rows_up_to_the_last_decoding_one():
-    s = Scheduler(rows=4)
+    s = Scheduler(rows=4, busy_timeout=300)
     reqs = [Req(prompt=1), Req(prompt=5), Req(prompt=1)]  # a 1-token prompt has nothing to prefill
     for r in reqs:
         s.add(r)
@@ -148,7 +148,7 @@ def test_the_decode_step_covers_rows_up_to_the_last_decoding_one():
 
 
 def test_a_lease_holds_its_row_between_turns():
-    s = Scheduler(rows=2)
+    s = Scheduler(rows=2, busy_timeout=300)
     lease = s.lease()
     assert lease.rows == slice(0, 1) and s.rows_in_use == 1
     other = Req()
@@ -168,7 +168,7 @@ def test_a_lease_holds_its_row_between_turns():
 
 
 def test_a_turn_whose_prompt_the_row_already_holds_decodes_at_once():
-    s = Scheduler(rows=1)
+    s = Scheduler(rows=1, busy_timeout=300)
     lease = s.lease()
     turn = Req(lease=lease, fed=9, prompt=10)
     s.add(turn)
@@ -177,7 +177,7 @@ def test_a_turn_whose_prompt_the_row_already_holds_decodes_at_once():
 
 
 def test_a_closed_scheduler_or_a_full_queue_refuses_new_requests():
-    s = Scheduler(rows=1)
+    s = Scheduler(rows=1, busy_timeout=300)
     s.add(Req())
     with pytest.raises(QueueFullError, match="1 requests are already waiting"):
         s.add(Req(), max_waiting=1)
@@ -189,6 +189,6 @@ def test_a_closed_scheduler_or_a_full_queue_refuses_new_requests():
 
 
 def test_nothing_to_do_is_an_empty_plan():
-    s = Scheduler(rows=2)
+    s = Scheduler(rows=2, busy_timeout=300)
     plan = s.plan(now=0)
     assert plan.empty and s.idle and s.deadline(now=0) is None
