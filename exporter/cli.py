@@ -80,6 +80,25 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     )
     b.add_argument("--prompt-len", type=int, default=32, help="prompt tokens")
     b.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request")
+    b.add_argument(
+        "--max-cache-len",
+        type=int,
+        default=2048,
+        help="the bundle's cache (and llama.cpp's n_ctx), as a service sizes it",
+    )
+    b.add_argument(
+        "--contexts",
+        type=_token_counts,
+        default=(),
+        help="context sweep: decode at each of these contexts (e.g. 32,1024,4096) in one bundle; writes contexts.md",
+    )
+    b.add_argument(
+        "--vs-cache",
+        type=int,
+        action="append",
+        default=[],
+        help="--contexts: the same sweep on a bundle of this many slots too (the contexts that fit); repeat",
+    )
     b.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads of every system")
     b.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="report folder")
     b.add_argument(
@@ -160,6 +179,9 @@ def _bench(args) -> int:
         gemv=args.gemv,
         prompt_len=args.prompt_len,
         new_tokens=args.new_tokens,
+        max_cache_len=args.max_cache_len,
+        contexts=args.contexts,
+        vs_caches=tuple(args.vs_cache),
         threads=args.threads,
         out=args.out,
         rounds=args.rounds,
@@ -173,6 +195,13 @@ def _bench(args) -> int:
     bench(config, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     print((config.out / mode_of(config).report).read_text())
     return 0
+
+
+def _token_counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of token counts") from None
 
 
 def _default_dtypes(args) -> tuple[str, ...]:

@@ -83,36 +83,26 @@ def package_metadata_and_constants(package: str) -> tuple[dict, list[str]]:
     return loaded.get_metadata(), loaded.get_constant_fqns()
 
 
-CPU_FLASH_DECODE = "aotpack_cpu_flash_decode"
-
-
-def _cpu_flash_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """transformers' attention signature over ATen's CPU flash kernel, called directly. It takes grouped
-    KV heads as they are (no copy), and additive masks: a boolean one becomes 0 / -inf, as SDPA does."""
-    mask = attention_mask
-    if mask is not None and mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, float("-inf"))
-    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, 0.0, False, attn_mask=mask, scale=scaling
-    )[0]  # (B, heads, q, head_dim)
-    return out.transpose(1, 2).contiguous(), None
+def cpu_flash_attention(query, key, value, mask, scale):
+    """ATen's CPU flash attention kernel, called directly: query (B, heads, q, D), grouped key and value
+    heads as they are (no copy), an additive mask; returns (B, heads, q, D)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, False, attn_mask=mask, scale=scale
+    )[0]
 
 
 @contextmanager
-def cpu_flash_decode_attention(model):
-    """Trace the decode step with its attention as ATen's CPU flash kernel. Traced with a dynamic batch,
-    `scaled_dot_product_attention` chose the math path, which Inductor then generated as loops of its
-    own: a batch-8 float32 bundle of Gemma 3 270M stepped in 72 ms at batch 1 and 260 at batch 8; with
-    the flash kernel, 64 and 156 (a batch-1 bundle, whose graph keeps the kernel anyway: 38). The
-    function is registered with transformers' AttentionInterface (and its mask interface, as SDPA's)
-    and switched on for the trace only."""
+def attention_installed(model, name: str, function):
+    """`model` runs its attention through `function` (transformers' attention signature) while the block
+    runs: registered with transformers' AttentionInterface (and its mask interface, as SDPA's), then
+    switched on in the config's private attention field and restored."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(CPU_FLASH_DECODE, _cpu_flash_attention)
-    AttentionMaskInterface.register(CPU_FLASH_DECODE, sdpa_mask)
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, sdpa_mask)
     previous = model.config._attn_implementation
-    model.config._attn_implementation = CPU_FLASH_DECODE
+    model.config._attn_implementation = name
     try:
         yield
     finally:

@@ -13,7 +13,7 @@ import torch
 
 from exporter.compat import aoti_compile_and_package, grouped_query_sdpa
 from runtime.errors import ExportError
-from runtime.format.contract import BATCH, INPUT_NAMES, METADATA_KEY, STEP_INPUTS, DecodeContract
+from runtime.format.contract import BATCH, INPUT_NAMES, METADATA_KEY, SPAN, STEP_INPUTS, DecodeContract
 from runtime.model.cache import allocate
 
 
@@ -27,22 +27,29 @@ def export_decode(step, contract: DecodeContract):
 
 
 def example_inputs(contract: DecodeContract) -> tuple:
-    """Inputs to trace with, at the largest batch: a traced batch of 1 would specialise the dimension."""
-    batch, device = contract.batch_size, contract.device
-    fixed = [torch.zeros(contract.shape(s, batch), dtype=getattr(torch, s.dtype), device=device) for s in STEP_INPUTS]
+    """Inputs to trace with, at the largest batch and span: a dimension traced at 1 would be specialised."""
+    batch, span, device = contract.batch_size, contract.max_cache_len, contract.device
+    fixed = [
+        torch.zeros(contract.shape(s, batch, span), dtype=getattr(torch, s.dtype), device=device) for s in STEP_INPUTS
+    ]
     fixed[INPUT_NAMES.index("cache_position")] += torch.arange(1, batch + 1)  # rows stand apart
     fixed[INPUT_NAMES.index("pad_mask")] |= True
     return (*fixed, *allocate(contract.layout, batch, getattr(torch, contract.dtype), device))
 
 
 def dynamic_shapes(contract: DecodeContract):
-    """The batch is dynamic (1..B) so one `.so` serves smaller batches; with B == 1 it stays static,
-    because export specialises a dimension traced at size 1 anyway."""
-    if contract.batch_size == 1:
-        return None
-    batch = torch.export.Dim(BATCH, min=1, max=contract.batch_size)
-    fixed = tuple({0: batch} if s.shape[0] == BATCH else None for s in STEP_INPUTS)
-    return (*fixed, tuple({0: batch} for _ in range(2 * len(contract.layout))))
+    """The batch is dynamic (1..B) so one `.so` serves smaller batches, and so is the span (1..L), so one
+    `.so` attends to exactly the cache indices in use. A dimension whose largest size is 1 stays static:
+    export specialises a dimension traced at size 1 anyway."""
+    dims = {BATCH: contract.batch_size, SPAN: contract.max_cache_len}
+    dims = {name: torch.export.Dim(name, min=1, max=size) for name, size in dims.items() if size > 1}
+
+    def spec(shape) -> dict | None:
+        found = {i: dims[d] for i, d in enumerate(shape) if d in dims}
+        return found or None
+
+    kv = tuple({0: dims[BATCH]} if BATCH in dims else None for _ in range(2 * len(contract.layout)))
+    return (*(spec(s.shape) for s in STEP_INPUTS), kv)
 
 
 def inductor_options(device: str, cpu_isa: str, contract: DecodeContract, quantized: bool = False) -> dict:

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 import transformers
 
+from exporter import attention as decode_attention
 from exporter.accuracy import accuracy, reference
-from exporter.compat import cpu_flash_decode_attention, package_metadata_and_constants
+from exporter.compat import package_metadata_and_constants
 from exporter.compile import compile_decode, export_decode, inductor_options
 from exporter.config import ExportConfig
 from exporter.constants import constant_sources
@@ -73,16 +74,20 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
         f"exporting the decode step of {type(model).__name__} ({len(layout)} layers, cache {config.max_cache_len})"
     )
     contract = DecodeContract(layout, config.batch_size, config.max_cache_len, config.dtype, config.device)
-    with stage("trace", message), _decode_attention(model, config, attention):
-        exported = export_decode(step, contract)
     options = inductor_options(config.device, config.cpu_isa, contract, quantized=quantization is not None)
+    kernel = _attention(model, config, attention, options, progress)
+    with stage("trace", message), decode_attention.installed(model, kernel):
+        exported = export_decode(step, contract)
     lowerings = _lowerings(config, weight_shapes(exported), options, progress)
     with stage("compile", "compiling with AOTInductor"):
         package = compile_decode(lower(exported, lowerings), staging / DECODE, options)
     with stage("write", "writing weights, tokenizer and configs"):
         aliases = write_model(model, preprocessor, staging)
         manifest = _draft_manifest(config, model, step, layout, package, aliases)
-    manifest = replace(manifest, attn_implementation=attention, quantization=quantization, lowerings=lowerings)
+    manifest = replace(
+        manifest, attn_implementation=attention, quantization=quantization, lowerings=lowerings,
+        decode_attention=kernel,
+    )  # fmt: skip
     if config.onnx:
         with stage("onnx", "exporting the decode step to ONNX (decode.onnx) for ONNX Runtime"):
             manifest = replace(manifest, onnx=export_onnx(model, layout, contract, staging, aliases))
@@ -112,14 +117,14 @@ def _finish(config, staging: Path, manifest: Manifest, parity, model, ref, start
     return manifest
 
 
-def _decode_attention(model, config: ExportConfig, attention: str):
-    """float32 CPU bundles with SDPA attention trace their decode step over ATen's CPU flash kernel (see
-    exporter.compat.cpu_flash_decode_attention). Half-precision ones keep SDPA's own choice: ATen's
-    bf16 flash kernel is slow on CPUs without native bf16 arithmetic (Gemma 3 270M, batch-8 bundle, AVX2:
-    77 ms a step at batch 1 against 45 with Inductor's generated attention). The parity gate follows."""
-    if config.device == "cpu" and attention == "sdpa" and config.dtype == "float32":
-        return cpu_flash_decode_attention(model)
-    return nullcontext()
+def _attention(model, config: ExportConfig, attention: str, options: dict, progress: Progress):
+    """The decode step's attention kernel (exporter.attention): timed on this machine for half precision."""
+    timed = config.device == "cpu" and attention == "sdpa" and config.dtype != "float32"
+    stage = progress.stage("attention", "timing the decode attention kernels") if timed else nullcontext()
+    with stage:
+        return decode_attention.choose(
+            model, config.dtype, config.device, attention, config.max_cache_len, options, progress.log
+        )
 
 
 def _lowerings(config: ExportConfig, shapes, options: dict, progress: Progress):
@@ -156,6 +161,7 @@ def _draft_manifest(config: ExportConfig, model, step, layout, package: Path, al
         weight_aliases=aliases,
         quantization=None,
         lowerings=(),
+        decode_attention=None,
         accuracy=None,
         files={},
         build_seconds=0.0,

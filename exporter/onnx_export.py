@@ -26,9 +26,9 @@ from onnxscript.optimizer import optimize_ir
 from exporter.compile import export_decode
 from exporter.constants import constant_sources
 from exporter.model import decode_module
-from exporter.onnx_graph import fold_weight_transposes, name_batch_axis, strip_debug_info
+from exporter.onnx_graph import fold_weight_transposes, name_axes, strip_debug_info
 from runtime.errors import ExportError
-from runtime.format.contract import BATCH, METADATA_KEY, DecodeContract
+from runtime.format.contract import BATCH, INPUT_NAMES, METADATA_KEY, SPAN, DecodeContract
 from runtime.format.files import DECODE_ONNX, WEIGHTS
 from runtime.format.manifest import Constant, OnnxDecode, Parity
 
@@ -48,7 +48,7 @@ def export_onnx(model, layout, contract: DecodeContract, staging: Path, aliases:
     weights = _stored_weights(step, model, tensors & set(program.model.graph.initializers), aliases)
     _point_into(program.model, weights, staging / WEIGHTS)
     proto = fold_weight_transposes(onnx_ir.serde.serialize_model(program.model), {w.name for w in weights})
-    proto = name_batch_axis(strip_debug_info(proto), BATCH)
+    proto = name_axes(strip_debug_info(proto), {(INPUT_NAMES[0], 0): BATCH, ("pad_mask", 1): SPAN})
     # what the graph was exported for, as the .so carries it: load() refuses a manifest that says otherwise
     onnx.helper.set_model_props(proto, {METADATA_KEY: contract.fingerprint()})
     onnx.save_model(proto, staging / DECODE_ONNX)

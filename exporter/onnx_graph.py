@@ -48,17 +48,20 @@ def strip_debug_info(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def name_batch_axis(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
-    """Call the dynamic batch axis `name` (torch.export names it like `s33`), for whoever reads the
-    graph's signature: every input and output has it first."""
-    dims = model.graph.input[0].type.tensor_type.shape.dim
-    symbol = dims[0].dim_param if dims else ""
-    if not symbol:  # a batch-1 bundle: the axis is static
-        return model
+def name_axes(model: onnx.ModelProto, axes: dict[tuple[str, int], str]) -> onnx.ModelProto:
+    """Call each dynamic axis by its contract name (torch.export names them like `s33`), for whoever reads
+    the graph's signature: `axes` maps (input name, dimension) to the name, e.g. the batch (every input
+    and output has it first) and the attended span (the pad mask's width). A static axis is left alone."""
+    inputs = {value.name: value for value in model.graph.input}
+    renames = {}
+    for (name, dim), new in axes.items():
+        dims = inputs[name].type.tensor_type.shape.dim
+        if len(dims) > dim and dims[dim].dim_param:
+            renames[dims[dim].dim_param] = new
     for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
         for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param == symbol:
-                dim.dim_param = name
+            if dim.dim_param in renames:
+                dim.dim_param = renames[dim.dim_param]
     return model
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -73,3 +74,41 @@ def machine() -> dict:
         "torch": torch.__version__,
         "platform": platform.platform(),
     }
+
+
+def random_prompt(vocab: int, length: int) -> list[int]:
+    """The benchmark's prompt: seeded random token ids below `vocab`, the same for every system."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(10, vocab, (length,), generator=g).tolist()
+
+
+def measure(system: str, path: Path, variant: str, prompt: list[int], config, scratch: Path, extra=()) -> dict:
+    """One worker process (exporter.bench.worker) measuring `system`; `extra`: more worker arguments."""
+    # A fresh Inductor cache per process: torch.compile must pay its compile as on a new machine,
+    # not reuse kernels an earlier run left in /tmp/torchinductor_*.
+    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(scratch / f"inductor-{system}-{variant}")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "exporter.bench.worker",
+        "--system",
+        system,
+        "--path",
+        str(path),
+        "--dtype",
+        variant_dtype(variant),
+        "--variant",
+        variant,
+        "--prompt",
+        ",".join(map(str, prompt)),
+        "--new-tokens",
+        str(config.new_tokens),
+        "--threads",
+        str(config.threads),
+        "--n-ctx",
+        str(config.max_cache_len),
+        "--spawned-at",
+        repr(time.time()),
+        *extra,
+    ]
+    return json.loads(run(cmd, env).strip().splitlines()[-1])

@@ -32,6 +32,11 @@ class BenchConfig:
     gemv: str = "tune"  # passed to `aotpack export --gemv`
     prompt_len: int = 32
     new_tokens: int = 64
+    # The bundle's cache (`aotpack export --max-cache-len`) and llama.cpp's n_ctx: what a service exports,
+    # not just the prompt plus the new tokens (a step's cost used to grow with the cache, not the context).
+    max_cache_len: int = 2048
+    contexts: tuple[int, ...] = ()  # context sweep (exporter.bench.contexts): decode at each of these contexts
+    vs_caches: tuple[int, ...] = ()  # ...and the same sweep on bundles of these sizes too, at the contexts that fit
     threads: int = os.cpu_count() or 1
     out: Path = Path("artifacts/bench")
     systems: tuple[str, ...] = SYSTEMS
@@ -50,6 +55,16 @@ class BenchConfig:
             )
         if self.rounds < 1:
             raise BenchError(f"--rounds must be >= 1, got {self.rounds}")
+        longest = max([self.prompt_len, *self.contexts]) + self.new_tokens
+        if longest > self.max_cache_len:
+            raise BenchError(
+                f"a context of {longest - self.new_tokens} tokens plus {self.new_tokens} new ones needs a cache of "
+                f"{longest}; raise --max-cache-len (got {self.max_cache_len})"
+            )
+        if self.contexts and (self.streams is not None or sorted(set(self.contexts)) != list(self.contexts)):
+            raise BenchError(f"--contexts takes increasing token counts, without --streams; got {list(self.contexts)}")
+        if self.vs_caches and (not self.contexts or min(self.vs_caches) < self.contexts[0] + self.new_tokens):
+            raise BenchError("--vs-cache goes with --contexts, and must hold the shortest context plus the new tokens")
         if self.serve and self.streams is None:
             raise BenchError("--serve needs --streams N: the number of concurrent clients")
         if self.ray and not self.serve:

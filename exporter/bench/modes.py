@@ -22,6 +22,7 @@ class Mode:
 
 MODES = (
     Mode("batch1", "exporter.bench.plan", "bench_batch1", "bench.md"),
+    Mode("contexts", "exporter.bench.contexts", "bench_contexts", "contexts.md"),
     Mode("streams", "exporter.bench.concurrency", "bench_streams", "streams.md"),
     Mode("serve", "exporter.bench.serving", "bench_serve", "serve.md"),
     Mode("ray", "exporter.bench.scaleout", "bench_ray", "ray.md"),
@@ -29,8 +30,9 @@ MODES = (
 
 
 def mode_of(config: BenchConfig) -> Mode:
-    """--ray, else --serve, else --streams, else the batch-1 comparison."""
-    name = "ray" if config.ray else "serve" if config.serve else "streams" if config.streams is not None else "batch1"
+    """--ray, else --serve, else --streams, else --contexts, else the batch-1 comparison."""
+    name = "ray" if config.ray else "serve" if config.serve else "streams" if config.streams is not None else None
+    name = name or ("contexts" if config.contexts else "batch1")
     return next(m for m in MODES if m.name == name)
 
 

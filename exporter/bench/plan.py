@@ -15,18 +15,14 @@ This is a benchmark, not a test: nothing here asserts a speed.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import tempfile
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from exporter.bench.build import export_variant, machine, run
-from exporter.bench.config import HF_COMPILE_NOTE, BenchConfig, variant_dtype
+from exporter.bench.build import export_variant, machine, measure, random_prompt
+from exporter.bench.config import HF_COMPILE_NOTE, BenchConfig
 from exporter.bench.llama_cpp import gguf_for
 from exporter.bench.report import write_reports
 from exporter.bench.roofline import bytes_per_step, gemv_bandwidth, read_bandwidth
@@ -34,39 +30,6 @@ from exporter.bench.worker import ONNX_SYSTEMS
 from exporter.source import checkpoint_dir
 from runtime.format.quant import METHODS
 from runtime.format.reader import read_manifest
-
-
-def _prompt(vocab: int, length: int) -> list[int]:
-    g = torch.Generator().manual_seed(0)
-    return torch.randint(10, vocab, (length,), generator=g).tolist()
-
-
-def _measure(system: str, path: Path, variant: str, prompt: list[int], config: BenchConfig, scratch: Path) -> dict:
-    # A fresh Inductor cache per process: torch.compile must pay its compile as on a new machine,
-    # not reuse kernels an earlier run left in /tmp/torchinductor_*.
-    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(scratch / f"inductor-{system}-{variant}")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "exporter.bench.worker",
-        "--system",
-        system,
-        "--path",
-        str(path),
-        "--dtype",
-        variant_dtype(variant),
-        "--variant",
-        variant,
-        "--prompt",
-        ",".join(map(str, prompt)),
-        "--new-tokens",
-        str(config.new_tokens),
-        "--threads",
-        str(config.threads),
-        "--spawned-at",
-        repr(time.time()),
-    ]
-    return json.loads(run(cmd, env).strip().splitlines()[-1])
 
 
 def bench_batch1(config: BenchConfig, log=print) -> dict:
@@ -84,7 +47,7 @@ def bench_batch1(config: BenchConfig, log=print) -> dict:
         from transformers import AutoConfig
 
         vocab = min(AutoConfig.from_pretrained(checkpoint).get_text_config().vocab_size, 32000)
-        prompt = _prompt(vocab, config.prompt_len)
+        prompt = random_prompt(vocab, config.prompt_len)
         for variant in config.variants:
             _bench_variant(config, variant, checkpoint, prompt, Path(tmp), results, log)
     write_reports(results, config.out)
@@ -96,10 +59,10 @@ def _bench_variant(config: BenchConfig, variant: str, checkpoint: Path, prompt, 
     log(f"[{variant}] exporting the bundle")
     onnx = any(s in ONNX_SYSTEMS for s in config.systems_for(variant))
     results["builds"][variant] = export_variant(
-        checkpoint, bundle, variant, config.prompt_len + config.new_tokens, config.gemv, onnx=onnx
+        checkpoint, bundle, variant, config.max_cache_len, config.gemv, onnx=onnx
     )
     manifest = read_manifest(bundle)
-    results[f"step_bytes_{variant}"] = step = bytes_per_step(manifest)
+    results[f"step_bytes_{variant}"] = step = bytes_per_step(manifest, config.prompt_len + config.new_tokens // 2)
     if manifest.accuracy is not None:
         results["accuracy"][variant] = asdict(manifest.accuracy)
     systems = config.systems_for(variant)
@@ -110,7 +73,7 @@ def _bench_variant(config: BenchConfig, variant: str, checkpoint: Path, prompt, 
     for round_ in range(config.rounds):
         for system in systems:
             log(f"[{variant}] round {round_ + 1}/{config.rounds}: {system}")
-            run = _measure(system, paths[system], variant, prompt, config, tmp / f"round{round_}")
+            run = measure(system, paths[system], variant, prompt, config, tmp / f"round{round_}")
             results["runs"].append(run | {"round": round_})
         # Right after the runs: this machine's bandwidth drifts by a third within minutes, so each
         # round's floor is measured next to the decode it is compared with.

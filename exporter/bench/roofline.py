@@ -2,8 +2,8 @@
 
 Owns: measuring this machine's memory read bandwidth on the spot (over as many bytes as a step
 reads), counting the bytes a decode step must read (every weight it uses: the embedding table counts
-as one row, unless it is also the `lm_head`, which reads all of it; plus the KV cache as allocated,
-which attention reads whole), and measuring how fast torch's batch-1 `linear` reads a weight of the
+as one row, unless it is also the `lm_head`, which reads all of it; plus the KV cache within the span
+attention reads), and measuring how fast torch's batch-1 `linear` reads a weight of the
 model's largest shape. A batch-1
 decode step is a chain of such GEMVs, so that rate, not the bandwidth, is what any torch-kernel
 decode (eager, torch.compile or AOTInductor, which all call it) can reach.
@@ -54,10 +54,12 @@ def _is_embedding(manifest: Manifest):
     return lambda path: path.endswith("embed_tokens.weight")
 
 
-def bytes_per_step(manifest: Manifest) -> dict:
-    """Weight bytes and KV bytes one decode step (batch 1) reads, from the manifest's constants (each
-    records its dtype and shape); non-persistent buffers such as rotary `inv_freq` are not weights.
-    The embedding table counts one row per step, unless it is also the lm_head, which reads all of it."""
+def bytes_per_step(manifest: Manifest, span: int) -> dict:
+    """Weight bytes and KV bytes one decode step (batch 1) at a context of `span` tokens reads, from the
+    manifest's constants (each records its dtype and shape); non-persistent buffers such as rotary
+    `inv_freq` are not weights. The embedding table counts one row per step, unless it is also the
+    lm_head, which reads all of it. Attention reads each layer's slots within the span (a ring: at most
+    its window)."""
     is_embedding = _is_embedding(manifest)
     heads = {c.module_path for c in manifest.constants if "lm_head" in c.name}
     seen: set[str] = set()  # eager tensors already counted: a tied weight backs two constants
@@ -71,5 +73,7 @@ def bytes_per_step(manifest: Manifest) -> dict:
         weights += (numel // const.shape[0] if row_only else numel) * itemsize
         if len(const.shape) == 2 and not row_only and numel > math.prod(largest):
             largest = const.shape
-    kv = sum(manifest.cache_bytes) // manifest.batch_size
+    kv = sum(
+        layer.nbytes(1, manifest.dtype) * min(span, layer.slots) // layer.allocated for layer in manifest.cache_layout
+    )
     return {"weight_bytes": weights, "kv_bytes": kv, "total_bytes": weights + kv, "largest_weight": list(largest)}

@@ -2,7 +2,9 @@
 
 Owns: timing one system (HF eager, HF + torch.compile, aotpack or llama.cpp) from process start, so imports,
 loading and compiling all count towards time to first token and first-request latency. Then
-`WARM_REQUESTS` warm requests give prefill ms and the steady decode ms/token (medians over them).
+`WARM_REQUESTS` warm requests give prefill ms and the steady decode ms/token (medians over them). For
+aotpack, the compiled step is then also timed called directly from this thread at the same span: the
+engine's own cost is the ratio of the two. With `--contexts`, decode ms/token at each context instead.
 """
 
 from __future__ import annotations
@@ -96,9 +98,8 @@ def _load(system: str, path: str, dtype: str, args=None):
     if system == "llama_cpp":
         from llama_cpp import Llama
 
-        context = len(args.prompt) + args.new_tokens + 8
         return Llama(
-            model_path=path, n_ctx=context, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
+            model_path=path, n_ctx=args.n_ctx, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
         )
     from transformers import AutoModelForCausalLM
 
@@ -119,23 +120,70 @@ def measure(args) -> dict:
 
     torch.set_num_threads(args.threads)
     model = _load(args.system, args.path, args.dtype, args)
+    if args.contexts:
+        return _per_context(args, model)
     ids = torch.tensor([args.prompt], dtype=torch.long)
     requests = [_timed_request(args, model, ids) for _ in range(1 + WARM_REQUESTS)]  # the first is cold
     for _, stamps in requests:
         _check_length(stamps, args.new_tokens)
     (_, cold), warm = requests[0], requests[1:]
-    steps = [b - a for _, s in warm for a, b in list(zip(s.times, s.times[1:], strict=False))[WARMUP_STEPS:]]
-    return {
+    figures = {
         "system": args.system,
         "dtype": args.variant,
         "time_to_first_token_s": cold.times[0] - args.spawned_at,
         "first_request_s": cold.times[-1] - args.spawned_at,
         "prefill_ms": statistics.median(s.times[0] - start for start, s in warm) * 1e3,
-        "decode_ms_per_token": statistics.median(steps) * 1e3,
+        "decode_ms_per_token": _decode_ms([s for _, s in warm]),
         "peak_rss_mib": peak_rss_mib(),
         "tokens": warm[0][1].tokens,
         "tokens_stable": all(s.tokens == cold.tokens for _, s in warm),
     }
+    if args.system in AOTPACK_SYSTEMS:
+        figures["step_direct_ms"] = direct_step_ms(model, len(args.prompt) + args.new_tokens // 2)
+    return figures
+
+
+def _decode_ms(stamps: list[Stamps]) -> float:
+    """The median gap between two tokens, the first WARMUP_STEPS of each request left out."""
+    steps = [b - a for s in stamps for a, b in list(zip(s.times, s.times[1:], strict=False))[WARMUP_STEPS:]]
+    return statistics.median(steps) * 1e3
+
+
+def direct_step_ms(rt, position: int, steps: int = 20) -> float:
+    """The decode step called directly from this thread, one row standing at `position` (the span a
+    request there attends to): what the engine's per-token time is compared with."""
+    import torch
+
+    from runtime.model.positions import RowPositions
+
+    rows = RowPositions(1, rt.contract.max_cache_len, rt.contract.device)
+    rows.place(slice(0, 1), torch.ones(1, position + 1, dtype=torch.long), position)
+    rows.advance(torch.ones(1, dtype=torch.bool))
+    inputs, kv, token = rows.inputs(1), [t[:1] for t in rt.kv], torch.tensor([[17]])
+    times = []
+    with torch.inference_mode():
+        for _ in range(steps + WARMUP_STEPS):
+            start = time.perf_counter()
+            rt.decode(token, *inputs, kv)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times[WARMUP_STEPS:]) * 1e3
+
+
+def _per_context(args, model) -> dict:
+    """Decode ms/token at each context: a prompt of that many tokens (the start of --prompt), one request
+    each after one warm-up request at the shortest."""
+    import torch
+
+    prompts = {c: torch.tensor([args.prompt[:c]], dtype=torch.long) for c in args.contexts}
+    _timed_request(args, model, prompts[args.contexts[0]])
+    per = {}
+    for context, ids in prompts.items():
+        start, stamps = _timed_request(args, model, ids)
+        _check_length(stamps, args.new_tokens)
+        per[str(context)] = {"prefill_ms": (stamps.times[0] - start) * 1e3, "decode_ms_per_token": _decode_ms([stamps])}
+        if args.system in AOTPACK_SYSTEMS:
+            per[str(context)]["step_direct_ms"] = direct_step_ms(model, context + args.new_tokens // 2)
+    return {"system": args.system, "dtype": args.variant, "contexts": per, "peak_rss_mib": peak_rss_mib()}
 
 
 def _check_length(stamps: Stamps, new_tokens: int) -> None:
@@ -171,6 +219,10 @@ def main(argv=None) -> None:
     p.add_argument("--prompt", type=lambda s: [int(t) for t in s.split(",")], required=True)
     p.add_argument("--new-tokens", type=int, required=True)
     p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--n-ctx", type=int, required=True, help="llama.cpp's context size: the bundle's max_cache_len")
+    p.add_argument(
+        "--contexts", type=lambda s: [int(t) for t in s.split(",")], default=None, help="decode at each context"
+    )
     p.add_argument("--spawned-at", type=float, required=True, help="time.time() when the parent started this process")
     print(json.dumps(measure(p.parse_args(argv))), flush=True)
 

@@ -28,16 +28,31 @@ def check_step_inputs(contract: DecodeContract, inputs: list) -> None:
         raise InvalidInputError(
             f"batch {batch} is outside this bundle's 1..{contract.batch_size}; re-export with --batch-size {batch}"
         )
+    span = _span(contract, inputs[INPUT_NAMES.index("pad_mask")])
     for spec, tensor in zip(STEP_INPUTS, inputs, strict=False):
-        _expect(spec.name, tensor, contract.shape(spec, batch), getattr(torch, spec.dtype), contract.device)
+        _expect(spec.name, tensor, contract.shape(spec, batch, span), getattr(torch, spec.dtype), contract.device)
     cache_dtype = getattr(torch, contract.dtype)
     for i, (shape, tensor) in enumerate(zip(contract.kv_shapes(batch), inputs[len(STEP_INPUTS) :], strict=True)):
         _expect(f"layer {i // 2} {('keys', 'values')[i % 2]}", tensor, shape, cache_dtype, contract.device)
     positions = inputs[INPUT_NAMES.index("cache_position")]
     low, high = int(positions.min()), int(positions.max())
-    if low < 0 or high >= contract.max_cache_len:
+    if low < 0 or high >= span:
         bad = low if low < 0 else high
-        raise InvalidInputError(f"cache_position {bad} is outside the cache's 0..{contract.max_cache_len - 1}")
+        raise InvalidInputError(
+            f"cache_position {bad} is outside the attended span 0..{span - 1} (the pad mask's width, at most the "
+            f"cache's {contract.max_cache_len})"
+        )
+
+
+def _span(contract: DecodeContract, pad_mask) -> int:
+    """The attended span, the pad mask's width: 1..max_cache_len."""
+    width = pad_mask.shape[1] if isinstance(pad_mask, torch.Tensor) and pad_mask.dim() == 2 else 0
+    if not 1 <= width <= contract.max_cache_len:
+        shape = tuple(getattr(pad_mask, "shape", ()))
+        raise InvalidInputError(
+            f"pad_mask has shape {shape}: its width, the attended span, must be 1..{contract.max_cache_len}"
+        )
+    return width
 
 
 def _expect(name: str, t, shape, dtype: torch.dtype, device: str) -> None:

@@ -19,7 +19,7 @@ from runtime.format.files import json_digest
 from runtime.format.layout import LayerLayout
 
 BATCH = "batch"  # dynamic, 1..batch_size
-CACHE_LEN = "max_cache_len"
+SPAN = "span"  # dynamic, 1..max_cache_len: the cache indices the step attends to, [0, span)
 METADATA_KEY = "aotpack_decode_contract"  # the .pt2 metadata entry holding `fingerprint()`
 
 
@@ -27,7 +27,7 @@ METADATA_KEY = "aotpack_decode_contract"  # the .pt2 metadata entry holding `fin
 class StepInput:
     name: str
     dtype: str  # torch dtype name
-    shape: tuple[int | str, ...]  # ints, BATCH or CACHE_LEN
+    shape: tuple[int | str, ...]  # ints, BATCH or SPAN
 
 
 # Call order; the KV tensors follow, keys then values per layer, each (batch, kv_heads, slots, head_dim)
@@ -36,7 +36,10 @@ STEP_INPUTS = (
     StepInput("input_ids", "int64", (BATCH, 1)),  # the newest token of each row
     StepInput("position_ids", "int64", (BATCH, 1)),  # its rotary position (left padding shifts it)
     StepInput("cache_position", "int64", (BATCH,)),  # the absolute cache index each row writes it to
-    StepInput("pad_mask", "bool", (BATCH, CACHE_LEN)),  # True where an absolute index holds a real token
+    # True where an absolute index holds a real token, for the indices [0, span) the step attends to:
+    # its width sets the span (above every row's cache_position), so a step's attention costs what the
+    # context in use costs, not what the whole cache would.
+    StepInput("pad_mask", "bool", (BATCH, SPAN)),
 )
 INPUT_NAMES = tuple(i.name for i in STEP_INPUTS)
 
@@ -71,8 +74,8 @@ class DecodeContract:
             body | {"batch_size": self.batch_size, "max_cache_len": self.max_cache_len, "dtype": self.dtype}
         )
 
-    def shape(self, spec: StepInput, batch: int) -> tuple[int, ...]:
-        sizes = {BATCH: batch, CACHE_LEN: self.max_cache_len}
+    def shape(self, spec: StepInput, batch: int, span: int) -> tuple[int, ...]:
+        sizes = {BATCH: batch, SPAN: span}
         return tuple(sizes.get(d, d) for d in spec.shape)
 
     def kv_shapes(self, batch: int) -> list[tuple[int, ...]]:

@@ -28,10 +28,18 @@ class LayerLayout:
     num_kv_heads: int
     head_dim: int
 
+    @property
+    def allocated(self) -> int:
+        """Slots allocated: one more than the layer uses. The spare slot is never written or read; it
+        keeps every view of the attended slots non-contiguous, whatever the span, so that export does not
+        specialise a dynamic span to the one size (the whole layer) at which that view would be
+        contiguous (torch asks for views' contiguity while tracing, and guards on the answer)."""
+        return self.slots + 1
+
     def nbytes(self, batch: int, dtype: str) -> int:
         """Bytes of keys plus values for `batch` sequences in `dtype` (a bundle dtype name)."""
-        return 2 * batch * self.num_kv_heads * self.slots * self.head_dim * ITEMSIZE[dtype]
+        return 2 * batch * self.num_kv_heads * self.allocated * self.head_dim * ITEMSIZE[dtype]
 
     def shape(self, batch: int) -> tuple[int, int, int, int]:
-        """(batch, kv_heads, slots, head_dim): each of the layer's key and value tensors."""
-        return (batch, self.num_kv_heads, self.slots, self.head_dim)
+        """(batch, kv_heads, allocated slots, head_dim): each of the layer's key and value tensors."""
+        return (batch, self.num_kv_heads, self.allocated, self.head_dim)

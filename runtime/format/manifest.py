@@ -21,10 +21,13 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # GEMV lowerings and the accuracy report.
 # 3: the decode step takes one cache position per row (continuous batching), where format 2 took one
 # for the whole batch; the .so of an older bundle cannot serve independent rows, so it is re-exported.
-# 4: an optional portable decode (`onnx`: decode.onnx, run by ONNX Runtime). A format 3 manifest reads
-# as one without it: its decode.pt2 is the same.
-FORMAT_VERSION = 4
-SUPPORTED_VERSIONS = frozenset({3, 4})
+# 4: an optional portable decode (`onnx`: decode.onnx, run by ONNX Runtime).
+# 5: the step attends to a span of the cache (its pad_mask is as wide as the indices in use), where 3 and
+# 4 attended to every slot of it each step; their decode cannot take a span, so they are re-exported.
+# The decode attention kernel chosen at build time (`decode_attention`).
+FORMAT_VERSION = 5
+SUPPORTED_VERSIONS = frozenset({5})
+_REEXPORT = {3: "attends to the whole cache every step", 4: "attends to the whole cache every step"}
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
@@ -93,6 +96,15 @@ class Lowering:
 
 
 @dataclass(frozen=True)
+class DecodeAttention:
+    """The build-time choice of the decode step's attention kernel (CPU bundles of SDPA models)."""
+
+    chosen: str  # "sdpa", "flash" or "flash-fp32" (exporter.attention)
+    us_per_call: dict[str, float]  # each candidate's time per layer call on the build machine; {} untimed
+    span: int  # cache indices the candidates attended to when timed (0: untimed)
+
+
+@dataclass(frozen=True)
 class Accuracy:
     """A quantized bundle against the float32 model it came from, on a fixed English text."""
 
@@ -126,6 +138,7 @@ class Manifest:
     weight_aliases: dict[str, str]  # module path -> the stored key holding the same tensor (tied weights)
     quantization: Quantization | None
     lowerings: tuple[Lowering, ...]
+    decode_attention: DecodeAttention | None  # None: the model's own attention (GPU, eager attention)
     accuracy: Accuracy | None  # quantized bundles only
     files: dict[str, str]  # bundle file name -> sha256 hex
     build_seconds: float
@@ -148,18 +161,15 @@ class Manifest:
         digest = raw.pop("digest", None)
         version = raw.get("format_version")
         if not isinstance(version, int) or isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+            why = f" (its decode {_REEXPORT[version]})" if isinstance(version, int) and version in _REEXPORT else ""
             raise ManifestError(
-                f"bundle format_version {version!r} is not supported by this runtime, which reads "
+                f"bundle format_version {version!r}{why} is not supported by this runtime, which reads "
                 f"{sorted(SUPPORTED_VERSIONS)}; re-export the bundle with a matching aotpack"
             )
         if digest != _digest(raw):
             raise ManifestError(
                 "manifest.json does not match its digest: it was edited or corrupted; re-export the bundle"
             )
-        if version == 3:  # format 3 had no portable decode
-            if "onnx" in raw:
-                raise ManifestError("a format 3 manifest has no onnx entry; re-export the bundle")
-            raw["onnx"] = None
         return _build(cls, raw)
 
 
@@ -211,6 +221,7 @@ def _build(cls, raw: dict) -> Manifest:
         data["parity"] = _record(Parity, raw["parity"])
         data["quantization"] = _optional(_quantization, raw["quantization"])
         data["lowerings"] = tuple(_lowering(x) for x in _list(raw["lowerings"]))
+        data["decode_attention"] = _optional(_decode_attention, raw["decode_attention"])
         data["accuracy"] = _optional(lambda x: _record(Accuracy, x), raw["accuracy"])
         data["onnx"] = _optional(_onnx, raw["onnx"])
         data["weight_aliases"] = _str_map(raw["weight_aliases"])
@@ -246,12 +257,22 @@ def _quantization(raw) -> Quantization:
 def _lowering(raw) -> Lowering:
     if not isinstance(raw, dict):
         raise TypeError(f"a lowering must be a JSON object, got {type(raw).__name__}")
-    rates = raw.get("gb_per_s")
-    if not isinstance(rates, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in rates.values()
-    ):
-        raise TypeError("lowering gb_per_s must map candidate names to numbers")
+    _numbers(raw.get("gb_per_s"), "lowering gb_per_s")
     return _record(Lowering, raw)
+
+
+def _decode_attention(raw) -> DecodeAttention:
+    if not isinstance(raw, dict):
+        raise TypeError(f"decode_attention must be a JSON object, got {type(raw).__name__}")
+    _numbers(raw.get("us_per_call"), "decode_attention us_per_call")
+    return _record(DecodeAttention, raw)
+
+
+def _numbers(value, what: str) -> None:
+    if not isinstance(value, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()
+    ):
+        raise TypeError(f"{what} must map candidate names to numbers")
 
 
 def _onnx(raw) -> OnnxDecode:
@@ -319,6 +340,9 @@ def _check_values(m: Manifest) -> None:
         _check_quantization(m.quantization)
     if m.onnx is not None and (m.onnx.file != DECODE_ONNX or DECODE_ONNX not in m.files):
         raise ManifestError(f"manifest onnx entry names {m.onnx.file!r}, not a listed {DECODE_ONNX}; re-export it")
+    a = m.decode_attention
+    if a is not None and a.us_per_call and a.chosen not in a.us_per_call:
+        raise ManifestError(f"manifest decode_attention chose {a.chosen!r}, which it did not time")
     for lowering in m.lowerings:
         if lowering.gb_per_s and lowering.chosen not in lowering.gb_per_s:
             raise ManifestError(

@@ -6,16 +6,16 @@ Owns: presenting the manifest, including KV-cache memory against what a full-len
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from runtime.format.manifest import Manifest
 
 
 def kv_bytes(manifest: Manifest) -> tuple[int, int]:
     """(allocated KV bytes, bytes if every layer held max_cache_len slots)."""
-    ring = sum(manifest.cache_bytes)
-    layers = zip(manifest.cache_bytes, manifest.cache_layout, strict=True)
-    full = sum(n * manifest.max_cache_len // layer.slots for n, layer in layers)
-    return ring, full
+    m = manifest
+    full = sum(replace(layer, slots=m.max_cache_len).nbytes(m.batch_size, m.dtype) for layer in m.cache_layout)
+    return sum(m.cache_bytes), full
 
 
 def human(n: float) -> str:
@@ -45,6 +45,7 @@ def summary(m: Manifest, sizes: dict[str, int] | None = None) -> str:
         f"(tolerance {m.parity.tolerance:.2e}), tokens match: {m.parity.tokens_match}",
         *_onnx_lines(m),
         *_quantization_lines(m),
+        *_attention_lines(m),
         *_lowering_lines(m),
         "files",
     ]
@@ -81,6 +82,14 @@ def _quantization_lines(m: Manifest) -> list[str]:
             f"over {a.greedy_tokens} tokens"
         )
     return lines
+
+
+def _attention_lines(m: Manifest) -> list[str]:
+    a = m.decode_attention
+    if a is None:
+        return []
+    timed = ", ".join(f"{name} {us:.0f} us" for name, us in a.us_per_call.items())
+    return [f"attention    {a.chosen}" + (f" (per layer over {a.span} slots: {timed})" if timed else " (untimed)")]
 
 
 def _lowering_lines(m: Manifest) -> list[str]:

@@ -14,6 +14,13 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from runtime.format.layout import SLIDING, LayerLayout
 
 
+def attended_slots(layer: LayerLayout, span):
+    """How many of a layer's slots a decode step over cache indices [0, span) reads: the first `span` of
+    a full layer; of a ring, the same while no row has wrapped (span <= slots), else all of them. `span`
+    may be a symbolic size while tracing: `sym_min` keeps it symbolic instead of guarding on it."""
+    return torch.sym_min(span, layer.slots) if layer.kind == SLIDING else span
+
+
 def allocate(layout: tuple[LayerLayout, ...], batch: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
     """Allocate the cache once, flat as [k0, v0, k1, v1, ...]; each (batch, kv_heads, slots, head_dim)."""
     return [torch.zeros(layer.shape(batch), dtype=dtype, device=device) for layer in layout for _ in range(2)]
@@ -36,18 +43,22 @@ class SlotLayer(CacheLayerMixin):
     Prefill (many tokens, from an empty cache) stores the tokens that the decode step will still need
     and returns the fresh states, so prompt attention covers exactly the prompt as in HF's dynamic cache.
     Decode (one token per row) writes each row's slot `position % slots` (rows stand at different
-    positions) and returns the whole buffer; the caller's mask says which slots are live.
+    positions) and returns the slots the step attends to (`attended_slots`: those of cache indices
+    [0, span)); the caller's mask says which of them are live.
     """
 
     is_compileable = True
 
-    def __init__(self, keys, values, layout: LayerLayout, cache_position: torch.Tensor | None, start: int = 0):
+    def __init__(
+        self, keys, values, layout: LayerLayout, cache_position: torch.Tensor | None, start: int = 0, span=None
+    ):
         super().__init__()
-        self.keys, self.values = keys, values  # (B, kv_heads, slots, head_dim)
+        self.keys, self.values = keys, values  # (B, kv_heads, slots + 1 spare, head_dim)
         self.layout = layout
         self.is_sliding = layout.kind == SLIDING
         self.cache_position = cache_position  # (B,) int64 in decode, one per row; None in prefill
         self.start = start  # prefill: the cache already holds indices [0, start) (a continued prefill)
+        self.span = span  # decode: the step attends to cache indices [0, span)
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states) -> None:
@@ -58,7 +69,10 @@ class SlotLayer(CacheLayerMixin):
             return self._continue(key_states, value_states) if self.start else self._prefill(key_states, value_states)
         self.written = (key_states, value_states)  # (B, kv_heads, 1, head_dim): what a portable step returns
         write_token(self.keys, self.values, self.layout, self.cache_position, key_states, value_states)
-        return self.keys, self.values
+        # narrow, not a slice: a slice's clamp (`end >= size`) would make export specialise a span traced
+        # at the cache's length to that length
+        n = attended_slots(self.layout, self.span)
+        return self.keys.narrow(2, 0, n), self.values.narrow(2, 0, n)  # (B, kv_heads, n, head_dim) views
 
     def _prefill(self, key_states, value_states):
         self._store(key_states, value_states)
@@ -69,7 +83,9 @@ class SlotLayer(CacheLayerMixin):
         first start + c slots; a ring to its slots as they were before the chunk, then the chunk
         (chunk_masks builds the masks in the same order)."""
         if self.is_sliding:
-            keys, values = torch.cat([self.keys, key_states], 2), torch.cat([self.values, value_states], 2)
+            n = self.layout.slots  # the spare slot stays out
+            keys = torch.cat([self.keys[:, :, :n], key_states], 2)
+            values = torch.cat([self.values[:, :, :n], value_states], 2)
             self._store(key_states, value_states)
             return keys, values
         self._store(key_states, value_states)
@@ -97,13 +113,11 @@ class SlotLayer(CacheLayerMixin):
 
 class SlotCache(Cache):
     """`transformers.Cache` over aotpack's tensors; `cache_position=None` means prefill, of a prompt's
-    tokens from `start` on (0: from an empty cache)."""
+    tokens from `start` on (0: from an empty cache); a decode step attends to indices [0, span)."""
 
-    def __init__(
-        self, tensors, layout: tuple[LayerLayout, ...], cache_position: torch.Tensor | None = None, start: int = 0
-    ):
+    def __init__(self, tensors, layout: tuple[LayerLayout, ...], cache_position=None, start: int = 0, span=None):
         layers = [
-            SlotLayer(tensors[2 * i], tensors[2 * i + 1], layer, cache_position, start)
+            SlotLayer(tensors[2 * i], tensors[2 * i + 1], layer, cache_position, start, span)
             for i, layer in enumerate(layout)
         ]
         super().__init__(layers=layers)

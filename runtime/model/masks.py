@@ -13,27 +13,29 @@ import torch
 
 from runtime import compat
 from runtime.format.layout import FULL
+from runtime.model.cache import attended_slots
 
 
 def decode_masks(pad_mask: torch.Tensor, cache_position: torch.Tensor, layout) -> dict[str, torch.Tensor]:
-    """Boolean SDPA masks (B, 1, 1, slots) for one decode step, keyed by layer kind.
+    """Boolean SDPA masks (B, 1, 1, n) for one decode step over cache indices [0, span), keyed by layer
+    kind; n is the layer's attended slots (runtime.model.cache.attended_slots).
 
-    pad_mask: (B, max_cache_len) bool, True where the absolute cache index holds a real token.
-    cache_position: (B,) int64, the absolute index each row writes now (rows are independent).
+    pad_mask: (B, span) bool, True where the absolute cache index holds a real token.
+    cache_position: (B,) int64, the absolute index each row writes now (rows are independent, each < span).
     Slot j of a ring with n slots holds index t = p - ((p - j) mod n): the newest index <= p in that
     slot. It is live when t >= 0 and not padding, which is exactly HF's `kv_idx > q_idx - window`.
     """
-    position = cache_position[:, None]  # (B, 1)
+    position, span = cache_position[:, None], pad_mask.shape[1]  # (B, 1)
     masks = {}
     for layer in layout:
         if layer.kind in masks:
             continue
-        slots = torch.arange(layer.slots, device=pad_mask.device)[None]  # (1, slots)
+        slots = torch.arange(attended_slots(layer, span), device=pad_mask.device)[None]  # (1, n)
         if layer.kind == FULL:
-            padded = pad_mask[:, : layer.slots]  # (B, slots): slot j holds index j
+            padded = pad_mask  # (B, span): slot j holds index j
             live = slots <= position
         else:
-            index = position - torch.remainder(position - slots, layer.slots)  # (B, slots)
+            index = position - torch.remainder(position - slots, layer.slots)  # (B, n)
             padded = pad_mask.gather(1, index.clamp(min=0))
             live = index >= 0
         masks[layer.kind] = (padded & live)[:, None, None, :]

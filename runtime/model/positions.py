@@ -58,5 +58,7 @@ class RowPositions:
         self.pad_mask[rows, self.index[rows]] = True
 
     def inputs(self, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(position_ids (n, 1), cache_position (n,), pad_mask (n, L)) of the first `count` rows."""
-        return self.position[:count], self.index[:count], self.pad_mask[:count]
+        """(position_ids (n, 1), cache_position (n,), pad_mask (n, span)) of the first `count` rows: the
+        step attends to cache indices [0, span), just past the furthest row's."""
+        span = int(self.index[:count].max()) + 1
+        return self.position[:count], self.index[:count], self.pad_mask[:count, :span].contiguous()

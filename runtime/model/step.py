@@ -41,9 +41,10 @@ class TextHead(nn.Module):
 
 
 class DecodeStep(nn.Module):
-    """input_ids (B, 1), position_ids (B, 1), cache_position (B,), pad_mask (B, L) bool, *kv -> logits (B, vocab).
+    """input_ids (B, 1), position_ids (B, 1), cache_position (B,), pad_mask (B, span) bool, *kv -> logits (B, vocab).
 
-    Every row is its own sequence at its own cache position: one call advances each by one token.
+    Every row is its own sequence at its own cache position: one call advances each by one token, and
+    attends to cache indices [0, span) only (the pad mask's width).
     With `returns_written` (the ONNX step) it also returns each layer's new keys and values, each
     (B, kv_heads, 1, head_dim), keys then values per layer: ONNX keeps no in-place update of an input,
     so the runtime writes them into the cache itself (runtime.model.cache.write_token)."""
@@ -64,7 +65,7 @@ class DecodeStep(nn.Module):
         self.returns_written = returns_written
 
     def forward(self, input_ids, position_ids, cache_position, pad_mask, *kv):
-        cache = SlotCache(list(kv), self.layout, cache_position)
+        cache = SlotCache(list(kv), self.layout, cache_position, span=pad_mask.shape[1])
         mask = mask_argument(decode_masks(pad_mask, cache_position, self.layout), self.additive_mask_dtype)
         kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True)
         if self.is_text_head:

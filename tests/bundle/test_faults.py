@@ -82,28 +82,27 @@ def test_truncated_pt2(copy):
 
 def test_unknown_format_version_names_both(copy):
     rewrite_manifest(copy, format_version=99)
-    with pytest.raises(ManifestError, match=r"format_version 99 .* reads \[3, 4\]"):
+    with pytest.raises(ManifestError, match=r"format_version 99 .* reads \[5\]"):
         load(copy)
 
 
 def test_a_format_2_bundle_is_refused_with_re_export(copy):
     """Format 2's decode step took one cache position for the whole batch: it cannot serve independent rows."""
     rewrite_manifest(copy, format_version=2)
-    with pytest.raises(ManifestError, match=r"format_version 2 .* reads \[3, 4\]; re-export"):
+    with pytest.raises(ManifestError, match=r"format_version 2 .* reads \[5\]; re-export"):
         load(copy)
 
 
-def test_a_format_3_bundle_still_loads(copy):
-    """Format 4 added the optional ONNX decode; a format 3 bundle (no decode.onnx, no `onnx` entry) has the
-    same decode.pt2 and runs as it did."""
+@pytest.mark.parametrize("version", [3, 4])
+def test_a_format_3_or_4_bundle_is_refused_with_re_export(copy, version):
+    """Their decode step attends to the whole cache every step (a pad mask as wide as the cache); format
+    5's takes the span in use, so the runtime cannot drive an older `.so` and says why."""
     raw = json.loads((copy / MANIFEST).read_text())
-    (copy / "decode.onnx").unlink()
-    del raw["digest"], raw["onnx"]
-    raw |= {"format_version": 3, "files": {n: d for n, d in raw["files"].items() if n != "decode.onnx"}}
+    del raw["digest"]
+    raw["format_version"] = version
     (copy / MANIFEST).write_text(json.dumps(raw | {"digest": _digest(raw)}))
-    rt = load(copy)
-    assert rt.manifest.onnx is None and rt.manifest.format_version == 3
-    assert rt.generate(IDS, max_new_tokens=4).shape == (1, IDS.shape[1] + 4)
+    with pytest.raises(ManifestError, match=rf"format_version {version} \(its decode attends to the whole cache"):
+        load(copy)
 
 
 def test_wrong_hash(copy):

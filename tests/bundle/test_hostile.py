@@ -57,20 +57,13 @@ def test_pad_id_outside_the_vocabulary_is_refused_before_the_so_sees_it(runtime,
 def test_manifest_describing_other_buffers_than_the_so_is_refused(copy, edit, backend):
     """A consistent edit (hashes and digest recomputed) corrupted the heap: the .so carries the
     fingerprint of what it was compiled for, and load() compares; so does decode.onnx."""
+    from runtime.format.layout import LayerLayout
+
     raw = json.loads((copy / MANIFEST).read_text())
     edit(raw)
-    dtype = {"float32": 4}[raw["dtype"]]
-    raw["cache_bytes"] = [
-        2
-        * raw["batch_size"]
-        * layer["num_kv_heads"]
-        * min(layer["slots"], raw["max_cache_len"])
-        * layer["head_dim"]
-        * dtype
-        for layer in raw["cache_layout"]
-    ]
     for layer in raw["cache_layout"]:
         layer["slots"] = min(layer["slots"], raw["max_cache_len"])
+    raw["cache_bytes"] = [LayerLayout(**layer).nbytes(raw["batch_size"], raw["dtype"]) for layer in raw["cache_layout"]]
     rewrite_manifest(copy, **{k: v for k, v in raw.items() if k != "digest"})
     artifact = "decode.pt2" if backend == "aoti" else "decode.onnx"
     with pytest.raises(BundleError, match=f"not what {artifact} was compiled for"):

@@ -145,3 +145,31 @@ def test_threads_sharing_one_runtime_each_get_their_own_answer(runtime):
     [t.start() for t in threads]
     [t.join(timeout=120) for t in threads]
     assert all(torch.equal(r, e) for r, e in zip(results, expected, strict=True))
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-llama"])
+def test_the_compiled_step_over_any_span_equals_it_over_the_whole_cache(name, runtime):
+    """The `.so` traced with a dynamic span: at spans of 1, inside and past the window of 8, and the
+    whole cache, rows at different positions (rings that wrapped and that did not), the logits and the
+    cache it writes are those of a step over every slot."""
+    from runtime.model.positions import RowPositions
+
+    rt = runtime(name)
+    L, rows = rt.contract.max_cache_len, 3
+    for positions in ([0, 0, 0], [2, 5, 4], [7, 30, 12], [L - 1, 40, 90]):
+        span = max(positions) + 1
+        where = RowPositions(rows, L, "cpu")
+        for i, fed in enumerate(positions):
+            where.place(slice(i, i + 1), torch.ones(1, fed + 1, dtype=torch.long), fed)
+        where.advance(torch.ones(rows, dtype=torch.bool))
+        position, index, pad = where.inputs(rows)
+        assert pad.shape[1] == span
+        torch.manual_seed(span)
+        kv = [torch.randn_like(t[:rows]) for t in rt.kv]
+        whole_kv, span_kv = [t.clone() for t in kv], [t.clone() for t in kv]
+        tokens = torch.tensor([[5], [9], [11]])
+        whole = rt.decode(tokens, position, index, where.pad_mask[:rows].contiguous(), whole_kv)
+        narrow = rt.decode(tokens, position, index, pad, span_kv)
+        torch.testing.assert_close(narrow, whole, atol=1e-4, rtol=1e-4)
+        for a, b in zip(whole_kv, span_kv, strict=True):
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)

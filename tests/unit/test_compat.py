@@ -11,6 +11,7 @@ import torch
 
 from exporter import compat as exporter_compat
 from runtime import compat
+from runtime.format.manifest import DecodeAttention
 
 
 def _owner(owner):
@@ -68,7 +69,7 @@ def test_decode_attention_is_atens_cpu_flash_kernel_with_a_dynamic_batch(checkpo
     SDPA computes, and the model's attention implementation is restored after the trace."""
     import torch
 
-    from exporter.compat import cpu_flash_decode_attention
+    from exporter import attention
     from exporter.compile import example_inputs, export_decode
     from exporter.model import cache_layout, decode_module, load_model
     from runtime.format.contract import DecodeContract
@@ -82,7 +83,7 @@ def test_decode_attention_is_atens_cpu_flash_kernel_with_a_dynamic_batch(checkpo
         t.normal_()
     with torch.inference_mode():
         expected = step(*inputs)
-        with cpu_flash_decode_attention(model):
+        with attention.installed(model, DecodeAttention(attention.FLASH, {}, 0)):
             got = step(*inputs)
             exported = export_decode(step, contract)
     assert compat.attention_implementation(model.config) == "sdpa"

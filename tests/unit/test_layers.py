@@ -148,7 +148,7 @@ def fake_bundle(tmp_path) -> Path:
         python_version="3.11", model_class="LlamaForCausalLM", attn_implementation="sdpa", is_multimodal=False,
         device="cpu", cpu_isa=None, dtype="float32", batch_size=1, max_cache_len=16, vocab_size=32,
         cache_layout=(layer,), cache_bytes=(layer.nbytes(1, "float32"),), decode_inputs=("input_ids",),
-        constants=(), weight_aliases={}, quantization=None, lowerings=(), accuracy=None,
+        constants=(), weight_aliases={}, quantization=None, lowerings=(), decode_attention=None, accuracy=None,
         files={p.name: sha256(p) for p in tmp_path.iterdir()}, build_seconds=1.0, built_at="now",
         parity=Parity(1, 0.0, 1e-4, True),
     )  # fmt: skip

@@ -16,6 +16,7 @@ from runtime.format.manifest import (
     SUPPORTED_VERSIONS,
     Accuracy,
     Constant,
+    DecodeAttention,
     Lowering,
     Manifest,
     OnnxDecode,
@@ -70,6 +71,11 @@ onnx_decodes = st.none() | st.builds(
     st.lists(constants, max_size=3),
     parities,
 )
+attentions = st.none() | st.builds(
+    lambda timed, span: DecodeAttention(next(iter(timed), "flash"), timed, span),
+    st.dictionaries(st.sampled_from(["sdpa", "flash", "flash-fp32"]), st.floats(0, 1e4), max_size=3),
+    st.integers(0, 4096),
+)
 accuracies = st.none() | st.builds(
     Accuracy, st.integers(1, 512), st.floats(1, 1e4), st.floats(1, 1e4), st.integers(0, 256), st.floats(0, 1)
 )
@@ -103,6 +109,7 @@ def manifests(draw):
         weight_aliases=draw(st.dictionaries(names, names, max_size=2)),
         quantization=draw(quantizations),
         lowerings=tuple(draw(st.lists(lowerings, max_size=3))),
+        decode_attention=draw(attentions),
         accuracy=draw(accuracies),
         files={"decode.pt2": "ab" * 32}
         | ({"decode.onnx": "cd" * 32} if onnx else {})
@@ -174,15 +181,13 @@ def test_unsupported_versions_name_both(manifest, version):
         Manifest.from_json(_with_digest(raw))
 
 
-@given(manifests())
-@settings(max_examples=50)
-def test_format_3_reads_without_an_onnx_decode(manifest):
-    """A format 3 bundle (before --onnx) still loads: the same decode.pt2, no ONNX entry."""
-    raw = json.loads(manifest.to_json()) | {"format_version": 3}
-    raw.pop("onnx")
-    assert Manifest.from_json(_with_digest(raw)).onnx is None
-    with pytest.raises(ManifestError, match="format 3 manifest has no onnx entry"):
-        Manifest.from_json(_with_digest(raw | {"onnx": None}))
+@given(manifests(), st.sampled_from([3, 4]))
+@settings(max_examples=20)
+def test_formats_3_and_4_are_refused_saying_why(manifest, version):
+    """Their decode attends to the whole cache every step; format 5's to the span in use."""
+    raw = json.loads(manifest.to_json()) | {"format_version": version}
+    with pytest.raises(ManifestError, match=f"format_version {version} .its decode attends to the whole cache"):
+        Manifest.from_json(_with_digest(raw))
 
 
 @given(manifests())
