@@ -55,7 +55,7 @@ class BenchConfig:
             )
         if self.rounds < 1:
             raise BenchError(f"--rounds must be >= 1, got {self.rounds}")
-        longest = max([self.prompt_len, *self.contexts]) + self.new_tokens
+        longest = max(self.contexts or [self.prompt_len]) + self.new_tokens  # --contexts replace the prompt
         if longest > self.max_cache_len:
             raise BenchError(
                 f"a context of {longest - self.new_tokens} tokens plus {self.new_tokens} new ones needs a cache of "

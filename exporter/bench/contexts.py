@@ -39,7 +39,7 @@ def bench_contexts(config: BenchConfig, log=print) -> dict:
                     fits = [c for c in config.contexts if c + config.new_tokens <= cache]
                     log(f"[{variant}] round {round_ + 1}/{config.rounds}: {system}, {cache} slots, contexts {fits}")
                     extra = ("--contexts", ",".join(map(str, fits)))
-                    sized = replace(config, max_cache_len=cache)
+                    sized = replace(config, max_cache_len=cache, contexts=tuple(fits), vs_caches=())
                     run = measure(system, path, variant, prompt, sized, Path(tmp) / f"r{round_}", extra)
                     results["runs"].append(run | {"round": round_, "cache": cache})
     write_contexts_report(results, config.out)

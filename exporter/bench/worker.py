@@ -70,10 +70,13 @@ def _hf_request(model, ids, new_tokens: int, compiled: bool) -> Stamps:
 
 
 def _aot_request(rt, ids, new_tokens: int) -> Stamps:
+    """The engine's own token times (when each step produced its token): read as they arrive in this
+    thread, a fast step's tokens could queue up behind the GIL and seem to come out together."""
     stamps = Stamps()
-    for token in rt.iter_tokens(input_ids=ids, max_new_tokens=new_tokens):
-        stamps.times.append(time.time())
-        stamps.tokens.append(int(token[0]))
+    handle = rt.submit(input_ids=ids, max_new_tokens=new_tokens)
+    stamps.tokens = [int(token[0]) for token in handle.tokens()]
+    offset = time.time() - time.monotonic()
+    stamps.times = [t + offset for t in handle.times]
     return stamps
 
 
