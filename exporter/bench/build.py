@@ -19,10 +19,16 @@ from exporter.bench.config import variant_dtype
 from runtime.format.quant import METHODS
 
 
+class WorkerCrashed(BenchError):
+    """A benchmark process was killed by a signal (a native crash), not by an error it reported."""
+
+
 def run(cmd: list[str], env: dict | None = None) -> str:
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode < 0:
+        raise WorkerCrashed(f"{' '.join(cmd[:6])} … was killed by signal {-done.returncode}:\n{done.stderr[-3000:]}")
     if done.returncode != 0:
-        raise BenchError(f"{' '.join(cmd[:4])} … failed:\n{done.stderr[-3000:]}")
+        raise BenchError(f"{' '.join(cmd[:6])} … failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return done.stdout
 
 
@@ -111,4 +117,12 @@ def measure(system: str, path: Path, variant: str, prompt: list[int], config, sc
         repr(time.time()),
         *extra,
     ]
-    return json.loads(run(cmd, env).strip().splitlines()[-1])
+    try:
+        return json.loads(run(cmd, env).strip().splitlines()[-1])
+    except WorkerCrashed:
+        if system != "llama_cpp":
+            raise
+    # llama.cpp's extra CPU buffer types (AMX and repacked quantized weights) segfault on some machines
+    # (Q8_0 on the Xeon with AMX here, at any n_ctx); it runs on its plain CPU buffers then, and says so.
+    figures = json.loads(run([*cmd, "--no-extra-bufts"], env).strip().splitlines()[-1])
+    return figures | {"llama_cpp_extra_bufts": False}

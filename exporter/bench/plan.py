@@ -15,6 +15,7 @@ This is a benchmark, not a test: nothing here asserts a speed.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -30,6 +31,13 @@ from exporter.bench.worker import ONNX_SYSTEMS
 from exporter.source import checkpoint_dir
 from runtime.format.quant import METHODS
 from runtime.format.reader import read_manifest
+
+PARTIAL = "bench.partial.json"
+
+
+def _keep_partial(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / PARTIAL).write_text(json.dumps(results, indent=2))
 
 
 def bench_batch1(config: BenchConfig, log=print) -> dict:
@@ -50,7 +58,9 @@ def bench_batch1(config: BenchConfig, log=print) -> dict:
         prompt = random_prompt(vocab, config.prompt_len)
         for variant in config.variants:
             _bench_variant(config, variant, checkpoint, prompt, Path(tmp), results, log)
+            _keep_partial(results, config.out)  # an hour's runs survive a later variant's failure
     write_reports(results, config.out)
+    (config.out / PARTIAL).unlink(missing_ok=True)
     return results
 
 

@@ -297,8 +297,20 @@ def markdown(results: dict, summary: list[dict], figures: dict) -> str:
         ),
         "",
         f"torch.compile: {results['hf_compile_how']}.",
+        *plain_llama_note(results["runs"]),
     ]
     return "\n".join(lines) + "\n"
+
+
+def plain_llama_note(runs: list[dict]) -> list[str]:
+    plain = sorted({r["dtype"] for r in runs if r.get("llama_cpp_extra_bufts") is False})
+    if not plain:
+        return []
+    return [
+        "",
+        f"llama.cpp ({', '.join(plain)}): its extra CPU buffer types (AMX, repacked weights) crashed the process "
+        "(SIGSEGV), so it ran on its plain CPU buffers (`use_extra_bufts = false`).",
+    ]
 
 
 def _system_label(run: dict) -> str:

@@ -91,6 +91,26 @@ def _llama_request(llm, ids, new_tokens: int) -> Stamps:
     return stamps
 
 
+def _llama(path: str, args):
+    """llama.cpp at the bundle's n_ctx; `--no-extra-bufts`: on its plain CPU buffers (llama-cpp-python has
+    no argument for llama_model_params.use_extra_bufts, so the default parameters are wrapped)."""
+    import llama_cpp
+    import llama_cpp.llama
+
+    if args.no_extra_bufts:
+        defaults = llama_cpp.llama_model_default_params
+
+        def plain():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        llama_cpp.llama.llama_cpp.llama_model_default_params = plain
+    return llama_cpp.Llama(
+        model_path=path, n_ctx=args.n_ctx, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
+    )
+
+
 def _load(system: str, path: str, dtype: str, args=None):
     import torch
 
@@ -99,11 +119,7 @@ def _load(system: str, path: str, dtype: str, args=None):
 
         return load(path, LoadConfig(**AOTPACK_SYSTEMS[system]))
     if system == "llama_cpp":
-        from llama_cpp import Llama
-
-        return Llama(
-            model_path=path, n_ctx=args.n_ctx, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
-        )
+        return _llama(path, args)
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True).eval()
@@ -225,6 +241,9 @@ def main(argv=None) -> None:
     p.add_argument("--n-ctx", type=int, required=True, help="llama.cpp's context size: the bundle's max_cache_len")
     p.add_argument(
         "--contexts", type=lambda s: [int(t) for t in s.split(",")], default=None, help="decode at each context"
+    )
+    p.add_argument(
+        "--no-extra-bufts", action="store_true", help="llama_cpp: no AMX or repacked weight buffers (they can crash)"
     )
     p.add_argument("--spawned-at", type=float, required=True, help="time.time() when the parent started this process")
     print(json.dumps(measure(p.parse_args(argv))), flush=True)

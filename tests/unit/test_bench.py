@@ -1,0 +1,54 @@
+"""The benchmark's own plumbing, without running a model: a crashed worker is told from a failed one,
+and llama.cpp is rerun on its plain CPU buffers (and the report says so) when its extra ones crash."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from exporter.bench import BenchError, build
+from exporter.bench.report import plain_llama_note
+
+CONFIG = SimpleNamespace(new_tokens=4, threads=1, max_cache_len=64)
+
+
+def test_a_worker_killed_by_a_signal_is_a_crash_and_says_which():
+    with pytest.raises(build.WorkerCrashed, match="signal 11"):
+        build.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
+
+
+def test_a_worker_that_fails_reports_its_exit_status_and_stderr():
+    with pytest.raises(BenchError, match=r"exit 3\):\nboom") as e:
+        build.run([sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"])
+    assert not isinstance(e.value, build.WorkerCrashed)
+
+
+def _crash_once(calls):
+    def run(cmd, env=None):
+        calls.append(cmd)
+        if len(calls) == 1:
+            raise build.WorkerCrashed("killed by signal 11")
+        return json.dumps({"system": "llama_cpp", "dtype": "int8"})
+
+    return run
+
+
+def test_llama_cpp_crashing_on_its_extra_buffers_is_rerun_on_plain_ones(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(build, "run", _crash_once(calls))
+    figures = build.measure("llama_cpp", tmp_path / "m.gguf", "int8", [1, 2], CONFIG, tmp_path)
+    assert "--no-extra-bufts" not in calls[0] and calls[1][-1] == "--no-extra-bufts"
+    assert figures["llama_cpp_extra_bufts"] is False
+    assert "plain CPU buffers" in plain_llama_note([figures])[-1]
+
+
+def test_only_llama_cpp_is_rerun_after_a_crash(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(build, "run", _crash_once(calls))
+    with pytest.raises(build.WorkerCrashed):
+        build.measure("aotpack", tmp_path, "int8", [1, 2], CONFIG, tmp_path)
+    assert len(calls) == 1
+    assert plain_llama_note([{"system": "aotpack", "dtype": "int8"}]) == []
