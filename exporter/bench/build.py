@@ -117,12 +117,31 @@ def measure(system: str, path: Path, variant: str, prompt: list[int], config, sc
         repr(time.time()),
         *extra,
     ]
+    before = cpu_ticks()
     try:
-        return json.loads(run(cmd, env).strip().splitlines()[-1])
+        figures = json.loads(run(cmd, env).strip().splitlines()[-1])
     except WorkerCrashed:
         if system != "llama_cpp":
             raise
-    # llama.cpp's extra CPU buffer types (AMX and repacked quantized weights) segfault on some machines
-    # (Q8_0 on the Xeon with AMX here, at any n_ctx); it runs on its plain CPU buffers then, and says so.
-    figures = json.loads(run([*cmd, "--no-extra-bufts"], env).strip().splitlines()[-1])
-    return figures | {"llama_cpp_extra_bufts": False}
+        # llama.cpp's extra CPU buffer types (AMX, repacked quantized weights) segfault on some machines
+        # (Q8_0 and Q4_K_M on the Xeon with AMX here, at any n_ctx): rerun on its plain CPU buffers, and say so.
+        figures = json.loads(run([*cmd, "--no-extra-bufts"], env).strip().splitlines()[-1])
+        figures["llama_cpp_extra_bufts"] = False
+    return figures | {"cpu_steal": steal_share(before, cpu_ticks())}
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(all, stolen) CPU ticks since boot from /proc/stat; None off Linux."""
+    stat = Path("/proc/stat")
+    if not stat.exists():
+        return None
+    ticks = [int(t) for t in stat.read_text().split("\n", 1)[0].split()[1:9]]  # user … softirq, steal
+    return sum(ticks), ticks[7]
+
+
+def steal_share(before, after) -> float | None:
+    """The share of CPU time the hypervisor gave to other guests in between: what makes a shared VM's
+    figures drift (30-55 % at times on this machine, when a step took 2-3× its quiet time)."""
+    if before is None or after is None or after[0] == before[0]:
+        return None
+    return (after[1] - before[1]) / (after[0] - before[0])

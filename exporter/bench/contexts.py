@@ -18,7 +18,7 @@ from pathlib import Path
 from exporter.bench.build import export_variant, machine, measure, random_prompt
 from exporter.bench.config import BenchConfig
 from exporter.bench.llama_cpp import gguf_for, llama_cpp_available
-from exporter.bench.report import plain_llama_note
+from exporter.bench.report import plain_llama_note, steal_note
 from exporter.source import checkpoint_dir
 
 SYSTEMS = ("aotpack", "llama_cpp")
@@ -103,7 +103,10 @@ def markdown(results: dict) -> str:
             f"| {r['variant']} | {r['system']} | {r['cache']} | {r['context']} | {r['prefill_ms']:.0f} ms | "
             f"{r['decode_ms']:.1f} ms/tok | {r['slowdown']:.2f}× | {ratio} |"
         )
-    return "\n".join(lines + ["", *_verdicts(rows), *plain_llama_note(results["runs"])]) + "\n"
+    return (
+        "\n".join(lines + ["", *_verdicts(rows), *plain_llama_note(results["runs"]), *steal_note(results["runs"])])
+        + "\n"
+    )
 
 
 def _verdicts(rows: list[dict]) -> list[str]:

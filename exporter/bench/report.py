@@ -298,8 +298,22 @@ def markdown(results: dict, summary: list[dict], figures: dict) -> str:
         "",
         f"torch.compile: {results['hf_compile_how']}.",
         *plain_llama_note(results["runs"]),
+        *steal_note(results["runs"]),
     ]
     return "\n".join(lines) + "\n"
+
+
+def steal_note(runs: list[dict]) -> list[str]:
+    """How much CPU time the hypervisor took while the systems ran: figures from a round with much
+    steal are slower for reasons outside every system."""
+    shares = sorted(r["cpu_steal"] for r in runs if r.get("cpu_steal") is not None)
+    if not shares:
+        return []
+    return [
+        "",
+        f"CPU steal (time the hypervisor gave other guests) during the runs: median {statistics.median(shares):.0%}, "
+        f"{shares[0]:.0%} to {shares[-1]:.0%}.",
+    ]
 
 
 def plain_llama_note(runs: list[dict]) -> list[str]:

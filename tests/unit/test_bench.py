@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from exporter.bench import BenchError, build
-from exporter.bench.report import plain_llama_note
+from exporter.bench.report import plain_llama_note, steal_note
 
 CONFIG = SimpleNamespace(new_tokens=4, threads=1, max_cache_len=64)
 
@@ -52,3 +52,18 @@ def test_only_llama_cpp_is_rerun_after_a_crash(monkeypatch, tmp_path):
         build.measure("aotpack", tmp_path, "int8", [1, 2], CONFIG, tmp_path)
     assert len(calls) == 1
     assert plain_llama_note([{"system": "aotpack", "dtype": "int8"}]) == []
+
+
+def test_steal_is_the_share_of_cpu_ticks_stolen_and_reported_as_a_range():
+    assert build.steal_share((1000, 10), (1400, 110)) == 0.25
+    assert build.steal_share(None, (1, 1)) is None and build.steal_share((5, 1), (5, 1)) is None
+    note = steal_note([{"cpu_steal": 0.1}, {"cpu_steal": 0.5}, {"cpu_steal": 0.3}, {"cpu_steal": None}])[-1]
+    assert "median 30%, 10% to 50%" in note
+    assert steal_note([{"system": "aotpack"}]) == []
+
+
+def test_measure_records_the_steal_during_its_worker(monkeypatch, tmp_path):
+    ticks = iter([(1000, 0), (2000, 400)])
+    monkeypatch.setattr(build, "cpu_ticks", lambda: next(ticks))
+    monkeypatch.setattr(build, "run", lambda cmd, env=None: json.dumps({"system": "aotpack"}))
+    assert build.measure("aotpack", tmp_path, "int8", [1], CONFIG, tmp_path)["cpu_steal"] == 0.4
