@@ -24,6 +24,7 @@ import torch
 
 from runtime.config import LoadConfig
 from runtime.engine.handle import Handle
+from runtime.engine.openmp import release_team
 from runtime.engine.request import Request, RequestState
 from runtime.engine.runner import Runner
 from runtime.engine.scheduler import Lease, Plan, Scheduler
@@ -66,6 +67,7 @@ class Engine:
         `lease` (a session's row) the request runs in that row, whose first `reuse` cached tokens are the
         prompt's first `reuse` tokens: only the rest is prefilled."""
         state = RequestState(request, want_logits, lease, _reusable(request, reuse) if lease is not None else 0)
+        release_team()  # the caller's idle OpenMP team would slow every step the engine's thread runs
         with self._cond:
             self.scheduler.add(state, max_waiting)
             if self._thread is None:
