@@ -67,6 +67,8 @@ class ExportConfig:
         """--out must be creatable, and --force replaces only an aotpack bundle (or an empty folder):
         a user's directory of other files is never deleted."""
         out = self.out
+        if out.absolute() == Path(out.absolute().anchor):
+            raise ExportError(f"--out {out} is the filesystem's root; give a new directory for the bundle")
         parent = next((p for p in out.absolute().parents if p.exists()), None)
         if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
             raise ExportError(f"--out {out}: {parent} is not a writable directory; choose another --out")

@@ -72,21 +72,29 @@ class Session:
             if self._lease is not None:
                 self._lease.held = None
 
-    def send(self, message, images=(), streamer=None, **generate_kwargs) -> str:
+    def send(self, message=None, images=(), streamer=None, **generate_kwargs) -> str:
         """Add a user turn (text, or a message dict / list of them) and generate the reply; returns its
         text. `generate_kwargs` are `generate`'s (max_new_tokens, do_sample, stop_strings, ...); a
-        streamer sees the reply as it is generated. Interrupted (Ctrl-C), the reply so far is kept."""
+        streamer sees the reply as it is generated. Interrupted (Ctrl-C), the reply so far is kept; a
+        turn refused or failed before any reply leaves the conversation as it was."""
         with self._lock:
             if self._lease is None:
                 raise InvalidInputError("this session is closed; open another with rt.session()")
+            _check_turn_options(generate_kwargs)
             before = list(self.messages)
             self.messages += _user_messages(message, images)
             try:
                 request, dropped = self._request(generate_kwargs)
-            except Exception:
-                self.messages = before  # a refused turn leaves the conversation as it was
+                if request.input_ids.shape[0] != 1:
+                    raise InvalidInputError(
+                        f"a session's turn is one sequence in its one cache row, not {request.input_ids.shape[0]}; "
+                        "drop num_return_sequences, or use rt.generate for several"
+                    )
+                return self._run(request, streamer, dropped)
+            except BaseException:
+                if self.messages and self.messages[-1]["role"] != "assistant":
+                    self.messages = before  # no reply came: the turn did not happen
                 raise
-            return self._run(request, streamer, dropped)
 
     def _request(self, generate_kwargs: dict):
         """The validated request for the conversation; with `drop_oldest`, the oldest turns go until it
@@ -149,11 +157,23 @@ class Session:
         return True
 
 
+def _check_turn_options(generate_kwargs: dict) -> None:
+    """A turn's prompt is the conversation: the session renders and tokenizes it itself."""
+    given = sorted({"input_ids", "attention_mask", "inputs_embeds"} & set(generate_kwargs))
+    if given:
+        raise InvalidInputError(
+            f"send() takes the user's message, not {', '.join(given)}: the session builds the prompt from the "
+            "conversation; pass text (or chat messages), or call rt.generate with token ids"
+        )
+
+
 def _user_messages(message, images) -> list[dict]:
-    if isinstance(message, dict):
-        return [message]
-    if isinstance(message, list):
-        return list(message)
-    if not isinstance(message, str):
-        raise InvalidInputError(f"send() takes text or chat messages, got {type(message).__name__}")
-    return [user_message(message, images)]
+    if isinstance(message, str):
+        return [user_message(message, images)]
+    messages = [message] if isinstance(message, dict) else message
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise InvalidInputError(
+            f"send() takes text, a chat message dict or a list of them, got {type(message).__name__} "
+            f"{str(message)[:40]!r}; token ids go to rt.generate"
+        )
+    return list(messages)

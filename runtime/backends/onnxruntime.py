@@ -29,6 +29,7 @@ from runtime.format.manifest import Manifest
 from runtime.model.cache import write_token
 
 _NUMPY = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_}
+_ORT_TYPES = {"float32": "tensor(float)", "bfloat16": "tensor(bfloat16)", "float16": "tensor(float16)"}
 
 
 class OnnxRuntimeDecode:
@@ -53,9 +54,10 @@ class OnnxRuntimeDecode:
             self._session = ort.InferenceSession(read_verified(Path(path), sha256), options, ["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime's own exception types (Fail, InvalidGraph, ...)
             raise BundleError(f"{Path(path).name} could not be loaded ({str(e)[:300]}); re-export the bundle") from None
-        self._check_signature()
-        self.contract.check_package(self._session.get_modelmeta().custom_metadata_map, Path(path).name)
         self.vocab_size = manifest.vocab_size
+        self._check_signature()
+        self._check_outputs()
+        self.contract.check_package(self._session.get_modelmeta().custom_metadata_map, Path(path).name)
 
     def _check_signature(self) -> None:
         found = ([i.name for i in self._session.get_inputs()], [o.name for o in self._session.get_outputs()])
@@ -64,6 +66,23 @@ class OnnxRuntimeDecode:
                 f"decode.onnx takes {found[0][:6]}... and returns {found[1][:4]}..., not the manifest's "
                 "decode signature; the bundle is inconsistent, re-export it"
             )
+
+    def _check_outputs(self) -> None:
+        """Each output's element type and fixed sizes, before any step: ONNX Runtime would only fail at the
+        first step (a raw RuntimeError, failing every request in it) when a rehashed graph returns others."""
+        expected = [("tensor(float)", ("batch", self.vocab_size))] + [
+            (_ORT_TYPES[self.contract.dtype], ("batch", shape[1], 1, shape[3])) for shape in self.contract.kv_shapes(1)
+        ]
+        for output, (dtype, dims) in zip(self._session.get_outputs(), expected, strict=True):
+            shape = output.shape
+            fixed_ok = len(shape) == len(dims) and all(
+                not isinstance(f, int) or not isinstance(d, int) or f == d for f, d in zip(shape, dims, strict=True)
+            )
+            if output.type != dtype or not fixed_ok:
+                raise BundleError(
+                    f"decode.onnx's output {output.name!r} is {output.type} {list(shape)}, where the manifest's "
+                    f"decode signature needs {dtype} {list(dims)}; the bundle is inconsistent, re-export it"
+                )
 
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> torch.Tensor:
         inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]

@@ -248,8 +248,13 @@ def _verify(args) -> int:
         backend, unchecked = backends.backend(args.backend), None
     except ImportError as e:
         backend, unchecked = None, e.name
-    _, manifest = open_bundle(args.bundle, backend, args.key)
-    signed = f", signature verified with {len(args.key)} trusted key(s)" if args.key else ""
+    _, manifest = open_bundle(args.bundle, backend)
+    verified_by = None
+    if args.key:
+        from runtime.format.signing import verify  # model-signing is an optional extra
+
+        verified_by = verify(args.bundle, args.key)  # the key that verified it, not merely one of those given
+    signed = f", signature verified with trusted key {str(verified_by)!r}" if verified_by else ""
     fits = (
         f"its {args.backend} decode is compatible with this machine"
         if unchecked is None

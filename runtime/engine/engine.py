@@ -183,7 +183,7 @@ class Engine:
         for state in plan.admitted:
             try:
                 self._begin(state)
-            except Exception as e:  # this request fails alone
+            except BaseException as e:  # this request fails alone (see _step)
                 self._end(state, FinishReason.FAILED, e)
         for piece in plan.prefill:
             self._prefill(piece)
@@ -206,7 +206,7 @@ class Engine:
                 self.scheduler.prefilled(piece)
             if logits is not None:
                 self._emit(piece.state, logits)
-        except Exception as e:  # this request fails alone; its rows are cleared for the next
+        except BaseException as e:  # this request fails alone; its rows are cleared for the next
             self._end(piece.state, FinishReason.FAILED, e)
 
     def _step(self, decoding: list[RequestState], width: int) -> None:
@@ -215,14 +215,15 @@ class Engine:
         self.peak_running = max(self.peak_running, len(decoding))
         try:
             logits = self.runner.step(decoding, width)  # (width, vocab)
-        except Exception as e:
+        except BaseException as e:  # KeyboardInterrupt and SystemExit too: on this thread no signal raises
+            # them, only a request's own code (a logits processor, a stopping criterion) can
             for state in decoding:
                 self._end(state, FinishReason.FAILED, e)
             return
         for state in decoding:
             try:
                 self._emit(state, logits[state.rows])
-            except Exception as e:
+            except BaseException as e:
                 self._end(state, FinishReason.FAILED, e)
 
     def _emit(self, state: RequestState, logits: torch.Tensor) -> None:

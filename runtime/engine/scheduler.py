@@ -91,9 +91,17 @@ class Scheduler:
     def add(self, state: State, max_waiting: int | None = None) -> None:
         if self.closed:
             raise EngineClosedError("this runtime is shutting down and admits no new requests")
-        if max_waiting is not None and len(self.waiting) >= max_waiting:
-            raise QueueFullError(f"{len(self.waiting)} requests are already waiting for cache rows; retry later")
+        if max_waiting is not None and len(self.waiting) >= max_waiting and not self._starts_at_once(state):
+            raise QueueFullError(
+                f"no cache row is free and {len(self.waiting)} requests are already waiting for one (at most "
+                f"{max_waiting} may wait); retry later"
+            )
         self.waiting.append(state)
+
+    def _starts_at_once(self, state: State) -> bool:
+        """Whether a request would take free rows at the next iteration, ahead of nobody: then it never
+        waits, so even a bound of 0 waiting requests admits it."""
+        return not self.waiting and state.lease is None and self._free_rows(state.batch) is not None
 
     def lease(self) -> Lease:
         """Hold the lowest free row for a session until `unlease`."""

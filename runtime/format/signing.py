@@ -35,7 +35,8 @@ def sign(bundle: Path, private_key: Path) -> None:
     ms = _model_signing()
     private_key = Path(private_key)
     if not private_key.is_file():
-        raise BundleError(f"signing key {str(private_key)!r} does not exist")
+        what = "is a directory, not a private-key file" if private_key.is_dir() else "does not exist"
+        raise BundleError(f"signing key {str(private_key)!r} {what}")
     try:
         config = ms.signing.Config().use_elliptic_key_signer(private_key=private_key).set_hashing_config(_hashing(ms))
         config.sign(bundle, bundle / SIGNATURE)
@@ -55,7 +56,8 @@ def verify(bundle: Path, trusted_keys) -> Path:
     reasons = []
     for key in keys:
         if not key.is_file():
-            raise BundleError(f"trusted key {str(key)!r} does not exist")
+            what = "is a directory, not a public-key file" if key.is_dir() else "does not exist"
+            raise BundleError(f"trusted key {str(key)!r} {what}; give the PEM file of a public key")
         try:
             ms.verifying.Config().use_elliptic_key_verifier(public_key=key).set_hashing_config(_hashing(ms)).verify(
                 bundle, Path(bundle) / SIGNATURE

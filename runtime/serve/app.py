@@ -11,6 +11,7 @@ Status codes: 400 invalid request (aotpack's message), 401 wrong or missing key,
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -114,20 +115,20 @@ def _install_probes(app: FastAPI) -> None:
 
 def _install_generation(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest):
+    async def chat(body: ChatRequest, request: Request):
         pixels = app.state.config.max_image_pixels
 
         def inputs(rt):
             return chat_inputs(rt, chat_messages(body.messages, rt.is_multimodal, pixels))
 
-        return await _respond(app, body, inputs, "chat")
+        return await _respond(app, request, body, inputs, "chat")
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
-        return await _respond(app, body, lambda rt: prompt_inputs(rt, body.prompt), "text")
+    async def completions(body: CompletionRequest, request: Request):
+        return await _respond(app, request, body, lambda rt: prompt_inputs(rt, body.prompt), "text")
 
 
-async def _respond(app: FastAPI, body, build_inputs, kind: str):
+async def _respond(app: FastAPI, request: Request, body, build_inputs, kind: str):
     rt = app.state.rt
     inputs, handle, options = await run_in_threadpool(_submit, app, body, build_inputs)
     prompt_tokens = inputs["input_ids"].shape[1]
@@ -136,9 +137,9 @@ async def _respond(app: FastAPI, body, build_inputs, kind: str):
     if body.stream:
         return StreamingResponse(_events(app, handle, text, reply, body), media_type="text/event-stream")
     try:
-        content = "".join(await run_in_threadpool(list, text))
-    except RuntimeBusyError as e:
-        raise ServeError(503, str(e), "unavailable", {"Retry-After": "1"}) from None
+        content = "".join(await _unless_gone(request, handle, run_in_threadpool(list, text)))
+    except Exception as e:
+        raise _failure(e) from None
     finally:
         handle.cancel()
         app.state.metrics.finished(handle, prompt_tokens)
@@ -161,6 +162,29 @@ def _submit(app: FastAPI, body, build_inputs):
     return inputs, handle, options
 
 
+async def _unless_gone(request: Request, handle, work):
+    """Await `work` (the whole reply), cancelling the request if its client hangs up meanwhile: rows
+    would otherwise go on generating for nobody. (A stream notices at its next write.)"""
+    task = asyncio.ensure_future(work)
+    while not (await asyncio.wait({task}, timeout=_DISCONNECT_POLL))[0]:
+        if await request.is_disconnected():
+            handle.cancel()  # the reply then ends at the engine's next step, and the task with it
+    return task.result()
+
+
+_DISCONNECT_POLL = 0.25  # seconds between two looks at a non-streaming request's connection
+
+
+def _failure(error: Exception) -> ServeError:
+    """What a request that failed while generating answers: its own fault (a distribution that overflowed,
+    say) is a 400, no free rows in time a 503, anything else a 500, each in OpenAI's error shape."""
+    if isinstance(error, RuntimeBusyError):
+        return ServeError(503, str(error), "unavailable", {"Retry-After": "1"})
+    if isinstance(error, InvalidInputError):
+        return ServeError(400, str(error), "invalid_request_error")
+    return ServeError(500, f"generation failed: {type(error).__name__}: {str(error)[:300]}", "server_error")
+
+
 async def _events(app: FastAPI, handle, text: TextStream, reply: Reply, body):
     """Server-sent events; the `finally` runs on completion and on a client's disconnect alike."""
     try:
@@ -171,8 +195,10 @@ async def _events(app: FastAPI, handle, text: TextStream, reply: Reply, body):
         if body.include_usage:
             yield reply.event(reply.usage_chunk(text))
         yield "data: [DONE]\n\n"
-    except RuntimeBusyError as e:  # no free rows in time: the stream has started, so say it in-band
-        yield reply.event({"error": {"message": str(e), "type": "unavailable", "param": None, "code": None}})
+    except Exception as e:  # the stream has started (200), so the failure is said in-band, then it ends
+        failure = _failure(e)
+        yield reply.event({"error": {"message": failure.message, "type": failure.kind, "param": None, "code": None}})
+        yield "data: [DONE]\n\n"
     finally:
         handle.cancel()
         app.state.metrics.finished(handle, reply.prompt_tokens)

@@ -34,6 +34,12 @@ class ServeConfig:
             raise InvalidInputError(f"--shutdown-grace must be >= 0, got {self.shutdown_grace}")
         if self.api_key is not None and not self.api_key:
             raise InvalidInputError("--api-key is empty; give a key or leave the option out")
+        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()):
+            bad = next(c for c in self.api_key if not (c.isascii() and c.isprintable()))
+            raise InvalidInputError(
+                f"--api-key holds {bad!r}: a key travels in an HTTP header (`Authorization: Bearer KEY`), where "
+                "clients send printable ASCII only, so no client could authenticate; choose an ASCII key"
+            )
 
     @property
     def name(self) -> str:

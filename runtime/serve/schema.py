@@ -1,8 +1,10 @@
 """The OpenAI request bodies aotpack serves, as pydantic models (FastAPI validates them).
 
 Owns: which fields are accepted and their ranges. Unknown fields are ignored, as OpenAI-compatible
-servers do, except those that would change the answer and are not implemented (`n` > 1, tools,
-logprobs), which are refused rather than silently dropped.
+servers do, except those that would change the answer and are not implemented (`n` > 1, tools and
+tool_choice, logprobs and top_logprobs, response_format other than text, logit_bias, frequency and
+presence penalties; echo, suffix and best_of on completions), which are refused with a 400 naming the
+field rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_STOP_CHARS = 1024  # a 1-million-character stop string took 16 s and 2.7 GB to match
 
 
 class ImageURL(BaseModel):
@@ -42,6 +46,14 @@ class Sampling(BaseModel):
     stream_options: dict | None = None
     logprobs: bool | None = None
     tools: list | None = None
+    # OpenAI fields aotpack does not implement yet: each would change the answer, so a value that is not
+    # the field's no-op is refused rather than silently ignored.
+    top_logprobs: int | None = None
+    response_format: dict | None = None
+    logit_bias: dict | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    tool_choice: str | dict | None = None
 
     @field_validator("stop")
     @classmethod
@@ -49,13 +61,29 @@ class Sampling(BaseModel):
         stops = [value] if isinstance(value, str) else value
         if stops is not None and (len(stops) > 4 or not all(stops)):
             raise ValueError("stop takes up to 4 non-empty strings")
+        if stops is not None and max(map(len, stops)) > MAX_STOP_CHARS:
+            raise ValueError(f"each stop string is at most {MAX_STOP_CHARS} characters")
         return stops
 
-    @field_validator("logprobs", "tools")
+    @field_validator("logprobs", "tools", "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty")
     @classmethod
     def _unsupported(cls, value, info):
-        if value:  # they would change the answer: refused rather than silently ignored
+        if value:  # None, False, 0 and {} change nothing
             raise ValueError(f"{info.field_name} is not supported by aotpack serve")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _plain_text_only(cls, value):
+        if value is not None and value.get("type") != "text":
+            raise ValueError(f"response_format {value.get('type')!r} is not supported by aotpack serve; only 'text'")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_call(cls, value):
+        if value not in (None, "none", "auto"):  # tools are refused, so "auto" and "none" call none
+            raise ValueError("tool_choice is not supported by aotpack serve (tools are not)")
         return value
 
     @property
@@ -74,6 +102,23 @@ class ChatRequest(Sampling):
 
 class CompletionRequest(Sampling):
     prompt: str | list[str]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("echo", "suffix")
+    @classmethod
+    def _unsupported_completion(cls, value, info):
+        if value:
+            raise ValueError(f"{info.field_name} is not supported by aotpack serve")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_best(cls, value):
+        if value not in (None, 1):
+            raise ValueError("best_of is not supported by aotpack serve (one choice per request)")
+        return value
 
     @field_validator("prompt")
     @classmethod

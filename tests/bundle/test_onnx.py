@@ -188,6 +188,29 @@ def test_a_changed_decode_onnx_is_refused(bundle, tmp_path):
         load(copy, backend="onnxruntime")
 
 
+@pytest.mark.parametrize("edit", ["vocab", "dtype"])
+def test_a_rehashed_decode_onnx_returning_other_outputs_is_refused_at_load(bundle, tmp_path, edit):
+    """A consistent edit (hash recomputed) whose logits are another size or type used to fail at the first
+    step with onnxruntime's raw RuntimeError, failing every request in that step."""
+    from helpers import rewrite_manifest
+
+    from runtime.format.files import sha256
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle("tiny-llama"), copy)
+    graph = onnx.load(str(copy / DECODE_ONNX), load_external_data=False)
+    logits = graph.graph.output[0].type.tensor_type
+    if edit == "vocab":
+        logits.shape.dim[1].dim_value += 1
+    else:
+        logits.elem_type = onnx.TensorProto.DOUBLE
+    onnx.save(graph, str(copy / DECODE_ONNX))
+    files = json.loads((copy / MANIFEST).read_text())["files"]
+    rewrite_manifest(copy, files=files | {DECODE_ONNX: sha256(copy / DECODE_ONNX)})
+    with pytest.raises(BundleError, match="output 'logits' is tensor"):
+        load(copy, backend="onnxruntime")
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

@@ -70,8 +70,10 @@ def test_replaced_file_with_recomputed_hashes_passes_hashes_but_not_the_signatur
 
 
 def test_verify_command_checks_the_signature(signed, keys, capsys):
-    assert aotpack(["verify", str(signed), "--key", str(keys["owner"][1])]) == 0
-    assert "signature verified" in capsys.readouterr().out
+    stranger, owner = str(keys["stranger"][1]), str(keys["owner"][1])
+    assert aotpack(["verify", str(signed), "--key", stranger, "--key", owner]) == 0
+    out = capsys.readouterr().out
+    assert f"signature verified with trusted key {owner!r}" in out and stranger not in out
     assert aotpack(["verify", str(signed), "--key", str(keys["stranger"][1])]) == 2
     assert "does not verify" in capsys.readouterr().err
 

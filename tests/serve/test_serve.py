@@ -197,6 +197,20 @@ def test_invalid_requests_get_400_with_aotpacks_message(serving, body, message):
     assert e.value.status_code == 400 and message in e.value.message
 
 
+def test_a_distribution_that_overflows_is_a_400_streaming_or_not(serving):
+    """temperature 1e-300 turns the scores into inf: an OpenAI-shaped error, and a stream that says it
+    in-band and still ends with [DONE] (it used to be a plain-text 500, and a silent empty stream)."""
+    url, _ = serving(TEXT)
+    body = {"model": "m", "messages": QUESTION, "temperature": 1e-300, "max_tokens": 4}
+    status, _, text = fetch("POST", f"{url}/v1/chat/completions", body)
+    assert status == 400 and "NaN or inf" in json.loads(text)["error"]["message"]
+    with event_stream(url, body | {"stream": True}) as lines:
+        events = list(lines)
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["type"] == "invalid_request_error" and "temperature" in error["message"]
+
+
 def test_images_over_the_pixel_limit_and_bad_data_are_refused(serving):
     from PIL import Image
 
@@ -277,6 +291,19 @@ def test_a_client_that_disconnects_mid_stream_frees_its_rows(serving, slow_steps
     # the connection is closed here, long before 120 tokens at 20 ms each
     _wait(lambda: rt.engine.rows_in_use == 0 and rt.engine.load == (0, 0), timeout=10)
     assert "aotpack_slots_in_use 0.0" in fetch("GET", f"{url}/metrics")[2]
+
+
+def test_a_client_that_hangs_up_on_a_whole_reply_frees_its_rows(serving, slow_steps):
+    """Not streaming: 8 clients that hung up used to keep every row generating for nobody."""
+    rt = slow_steps
+    url, _ = serving(TEXT)
+    where = urlparse(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+    body = {"messages": QUESTION, "max_tokens": 120}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    _wait(lambda: rt.engine.rows_in_use == 1)
+    conn.close()  # before 120 tokens at 20 ms each
+    _wait(lambda: rt.engine.rows_in_use == 0 and rt.engine.load == (0, 0), timeout=10)
 
 
 def test_health_readiness_and_metrics(serving):

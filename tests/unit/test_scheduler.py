@@ -179,7 +179,7 @@ def test_a_turn_whose_prompt_the_row_already_holds_decodes_at_once():
 def test_a_closed_scheduler_or_a_full_queue_refuses_new_requests():
     s = Scheduler(rows=1, busy_timeout=300)
     s.add(Req())
-    with pytest.raises(QueueFullError, match="1 requests are already waiting"):
+    with pytest.raises(QueueFullError, match="1 requests are already waiting for one \\(at most 1 may wait\\)"):
         s.add(Req(), max_waiting=1)
     s.close()
     with pytest.raises(EngineClosedError):
@@ -192,3 +192,16 @@ def test_nothing_to_do_is_an_empty_plan():
     s = Scheduler(rows=2, busy_timeout=300)
     plan = s.plan(now=0)
     assert plan.empty and s.idle and s.deadline(now=0) is None
+
+
+def test_a_bound_of_zero_waiting_admits_what_finds_free_rows_and_refuses_what_would_wait():
+    """`--max-queue 0` used to refuse every request, an idle server's first one included."""
+    s = Scheduler(rows=2, busy_timeout=300)
+    first, second, third = Req(), Req(), Req()
+    s.add(first, max_waiting=0)  # free rows, nobody waiting: it starts at once
+    s.plan(now=0)
+    s.add(second, max_waiting=0)  # the other free row
+    s.plan(now=0)
+    assert (first.rows, second.rows) == (slice(0, 1), slice(1, 2))
+    with pytest.raises(QueueFullError, match="no cache row is free and 0 requests"):
+        s.add(third, max_waiting=0)  # no free row: it would wait, and none may

@@ -96,3 +96,59 @@ def test_a_span_that_would_cut_a_row_is_refused_before_the_step(gemma3):
         check_step_inputs(contract, [ids, position, index, torch.ones(2, 12, dtype=torch.bool), *kv])
     with pytest.raises(InvalidInputError, match="its width, the attended span, must be 1..64"):
         check_step_inputs(contract, [ids, position, index, torch.ones(2, 65, dtype=torch.bool), *kv])
+
+
+class _Work(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records each op that computes a new tensor, with its output shapes (views and in-place writes,
+    whose outputs alias an input, cost nothing in proportion to their size and are left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs)) if _dense(t)}
+        outputs = [t for t in torch.utils._pytree.tree_leaves(out) if _dense(t)]
+        if any(t.untyped_storage().data_ptr() not in inputs for t in outputs):
+            self.ops.append((str(func), [tuple(t.shape) for t in outputs]))
+        return out
+
+
+def _dense(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.layout == torch.strided and t.numel() > 0
+
+
+def _work(run) -> list:
+    with _Work() as work:
+        run()
+    return work.ops
+
+
+@pytest.mark.parametrize("cache", [256, 1024])
+def test_the_steps_and_the_prefills_work_do_not_grow_with_the_cache(gemma3, checkpoint, cache):
+    """The same rows, span and prompt in a 64-slot and a larger cache: every op that computes something
+    computes the same shapes (so attention, masks and the KV write cost what the span costs), op for op."""
+    from runtime.model.prefill import prefill_states
+
+    model, small = gemma3
+    large = cache_layout(model, cache)
+    positions, pads = [5, 20, 40], [0, 3, 10]
+
+    def step(layout, slots):
+        rows = RowPositions(3, slots, "cpu")
+        for i, (fed, pad) in enumerate(zip(positions, pads, strict=True)):
+            mask = torch.ones(1, fed + 1, dtype=torch.long)
+            mask[:, :pad] = 0
+            rows.place(slice(i, i + 1), mask, fed)
+        rows.advance(torch.ones(3, dtype=torch.bool))
+        kv = allocate(layout, 3, torch.float32, "cpu")
+        return lambda: _step(model, layout, rows, kv, max(positions) + 1)
+
+    def prefill(layout):
+        kv, ids = allocate(layout, 1, torch.float32, "cpu"), torch.arange(3, 33)[None]  # (1, 30): past the window
+        mask = torch.ones_like(ids)
+        return lambda: prefill_states(model, kv, layout, ids, mask, torch.arange(30)[None])
+
+    assert _work(step(large, cache)) == _work(step(small, CACHE))
+    assert _work(prefill(large)) == _work(prefill(small))

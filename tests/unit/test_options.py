@@ -1,0 +1,79 @@
+"""Options refused up front with what is wrong and the fix, before anything is loaded (seconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.config import ExportConfig
+from runtime.errors import BundleError, ExportError, InvalidInputError
+from runtime.serve.config import ServeConfig
+
+
+@pytest.mark.parametrize("key", ["clé-secrète", "tab\tkey", "emoji🙂"])
+def test_an_api_key_no_client_could_send_is_refused(tmp_path, key):
+    """It used to be accepted, and then no client could ever authenticate."""
+    with pytest.raises(InvalidInputError, match="printable ASCII only"):
+        ServeConfig(bundle=tmp_path, api_key=key)
+    ServeConfig(bundle=tmp_path, api_key="sk-plain_ASCII.key~1")
+
+
+def test_out_at_the_filesystems_root_is_named_as_such():
+    """It said "None is not a writable directory"."""
+    with pytest.raises(ExportError, match="--out / is the filesystem's root"):
+        ExportConfig(model="tiny-llama", out="/")
+
+
+def test_a_key_that_is_a_directory_is_not_reported_missing(tmp_path):
+    pytest.importorskip("model_signing")
+    from runtime.format.signing import SIGNATURE, sign, verify
+
+    (tmp_path / SIGNATURE).write_text("{}")
+    with pytest.raises(BundleError, match="is a directory, not a public-key file"):
+        verify(tmp_path, [tmp_path])
+    with pytest.raises(BundleError, match="is a directory, not a private-key file"):
+        sign(tmp_path, tmp_path)
+
+
+_HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("model", "fields", "field"),
+    [
+        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("chat", {"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        ("chat", {"logit_bias": {"42": 5}}, "logit_bias"),
+        ("chat", {"frequency_penalty": 0.5}, "frequency_penalty"),
+        ("chat", {"presence_penalty": -1.0}, "presence_penalty"),
+        ("chat", {"tool_choice": "required"}, "tool_choice"),
+        ("chat", {"top_logprobs": 3}, "top_logprobs"),
+        ("chat", {"stop": "x" * 2000}, "stop string"),
+        ("text", {"echo": True}, "echo"),
+        ("text", {"suffix": "tail"}, "suffix"),
+        ("text", {"best_of": 3}, "best_of"),
+    ],
+)
+def test_openai_fields_that_would_change_the_answer_are_refused_by_name(model, fields, field):
+    """They used to be dropped silently: the client got an answer to another question."""
+    from pydantic import ValidationError
+
+    from runtime.serve.schema import ChatRequest, CompletionRequest
+
+    schema, base = (ChatRequest, {"messages": _HI}) if model == "chat" else (CompletionRequest, {"prompt": "p"})
+    with pytest.raises(ValidationError, match=field):
+        schema(**base, **fields)
+
+
+def test_the_no_op_values_of_those_fields_are_accepted():
+    from runtime.serve.schema import ChatRequest, CompletionRequest
+
+    ChatRequest(
+        messages=_HI,
+        response_format={"type": "text"},
+        logit_bias={},
+        frequency_penalty=0,
+        presence_penalty=0.0,
+        tool_choice="auto",
+        top_logprobs=0,
+    )
+    CompletionRequest(prompt="p", echo=False, best_of=1, suffix="")
