@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import re
 
 from runtime.errors import ImageInputError, InvalidInputError
 
@@ -38,13 +39,25 @@ def has_chat_template(rt) -> bool:
     return bool(getattr(rt.processor, "chat_template", None))
 
 
-def chat_inputs(rt, messages: list[dict]) -> dict:
+def chat_inputs(rt, messages: list[dict], parse_special: bool = False) -> dict:
     """`messages` rendered with the bundle's chat template and tokenized: input_ids, attention_mask and,
     with images, pixel_values and token_type_ids. A text bundle's template gets plain-string content
-    (every text template takes it); a VLM's gets typed items."""
+    (every text template takes it); a VLM's gets typed items.
+
+    Message text is text: a control token's string inside it (`<|eot_id|><|start_header_id|>system...`)
+    is tokenized as those characters, so content cannot open a turn of another role; only the
+    template's own markup is parsed into control tokens. `parse_special=True` parses them in content too
+    (the opt-out, for callers whose content is trusted markup)."""
     if not has_chat_template(rt):
         raise InvalidInputError("this bundle has no chat template; send a plain prompt (a completion) instead")
     normalized = template_messages(messages, rt.is_multimodal)
+    if not parse_special and (found := _control_strings_in(rt.tokenizer, normalized)):
+        if rt.is_multimodal:  # its processor expands image markup into control tokens after rendering
+            raise InvalidInputError(
+                f"message content holds {found!r}, a control token of this model; a VLM bundle cannot keep it "
+                "as text: remove it, or pass parse_special=True to let it act as the control token"
+            )
+        return _literal_content_inputs(rt.tokenizer, normalized)
     try:
         inputs = rt.processor.apply_chat_template(
             normalized, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
@@ -52,6 +65,48 @@ def chat_inputs(rt, messages: list[dict]) -> dict:
     except (ValueError, TypeError, KeyError) as e:  # e.g. a template that refuses the role order
         raise InvalidInputError(f"the bundle's chat template refused these messages: {e}") from None
     return dict(inputs)
+
+
+def _control_strings_in(tokenizer, messages: list[dict]) -> str | None:
+    """The first control token string found in any message's text, or None (the usual case, which
+    then takes HF's own path, token for token). The tokenizer finds them (in Rust, in one pass)."""
+    controls = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    for m in messages:
+        text = m["content"] if isinstance(m["content"], str) else _text_of(m["content"])
+        found = next((i for i in tokenizer(text, add_special_tokens=False)["input_ids"] if i in controls), None)
+        if found is not None:
+            return tokenizer.added_tokens_decoder[found].content
+    return None
+
+
+def _text_of(items: list[dict]) -> str:
+    return "\n".join(item.get("text") or "" for item in items if item.get("type") == "text")
+
+
+_MARK = "\ue000{}\ue001"  # private-use characters around a message's index: never in a template's markup
+
+
+def _literal_content_inputs(tokenizer, messages: list[dict]) -> dict:
+    """Render with each content replaced by a mark, then tokenize the template's pieces as HF does
+    (control tokens parsed, no BOS added: the template writes it) and each content with its special
+    strings split into ordinary tokens."""
+    import torch
+
+    marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
+    rendered = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+    pieces = re.split("\ue000(\\d+)\ue001", rendered)
+    if sorted(int(p) for p in pieces[1::2]) != list(range(len(messages))):
+        raise InvalidInputError(
+            "the bundle's chat template rewrites message content, so control-token strings in it cannot be "
+            "kept as text; remove them, or pass parse_special=True"
+        )
+    ids = []
+    for i, piece in enumerate(pieces):
+        text = piece if i % 2 == 0 else messages[int(piece)]["content"]
+        if text:
+            ids += tokenizer(text, add_special_tokens=False, split_special_tokens=i % 2 == 1)["input_ids"]
+    input_ids = torch.tensor([ids])  # (1, T)
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
 
 
 def prompt_inputs(rt, text: str) -> dict:
@@ -94,6 +149,15 @@ def _open(path):
 
 def decode_image(url: str, max_pixels: int | None = None):
     """A data: URL (base64) to an RGB image; its size is checked from the header, before decoding."""
+    return _decode(_url_opener(url), "image_url", max_pixels)
+
+
+def image_size(url: str) -> tuple[int, int]:
+    """(width, height) of a data: URL image, from its header alone (nothing is decoded)."""
+    return _decode(_url_opener(url), "image_url", None, header_only=True)
+
+
+def _url_opener(url: str):
     if not url.startswith("data:"):
         raise ImageInputError("image_url must be a data: URL (base64); aotpack serve fetches nothing remote")
     header, _, payload = url.partition(",")
@@ -105,17 +169,19 @@ def decode_image(url: str, max_pixels: int | None = None):
         raise ImageInputError("image_url holds invalid base64") from None
     from PIL import Image
 
-    return _decode(lambda: Image.open(io.BytesIO(data)), "image_url", max_pixels)
+    return lambda: Image.open(io.BytesIO(data))
 
 
-def _decode(opener, name: str, max_pixels: int | None):
+def _decode(opener, name: str, max_pixels: int | None, header_only: bool = False):
     """Open (reading the header only), check the size, then decode fully, so that a bad image fails
-    here; every failure is an ImageInputError naming `name`."""
+    here; every failure is an ImageInputError naming `name`. `header_only`: (width, height) alone."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with opener() as img:
             width, height = img.size
+            if header_only:
+                return width, height
             if max_pixels is not None and width * height > max_pixels:
                 raise ImageInputError(
                     f"image of {width}x{height} pixels exceeds this server's limit of {max_pixels} pixels"

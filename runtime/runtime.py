@@ -8,8 +8,9 @@ debugging session) can assemble one around any eager model and the eager backend
 
 from __future__ import annotations
 
+import shutil
+import weakref
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from pathlib import Path
 
@@ -20,11 +21,11 @@ from runtime import backends
 from runtime.config import LoadConfig
 from runtime.engine.engine import Engine
 from runtime.engine.handle import Handle
+from runtime.engine.openmp import release_team
 from runtime.engine.request import Request
 from runtime.errors import InvalidInputError
 from runtime.format.contract import DecodeContract
-from runtime.format.manifest import Manifest
-from runtime.format.reader import open_bundle, verify_files, weight_files
+from runtime.format.reader import open_private
 from runtime.generation.outputs import collect
 from runtime.generation.validate import Validator
 from runtime.model.weights import build_model
@@ -34,40 +35,42 @@ from runtime.text import stream_text
 def load(path, config: LoadConfig | None = None, **options) -> Runtime:
     """Verify and load a bundle directory. `config` (runtime.config.LoadConfig), or its fields as
     keyword arguments: `num_threads`, `busy_timeout`, `trusted_keys`, `prefill_chunk`, `backend`
-    ("aoti": the compiled `.so`; "onnxruntime": decode.onnx; "eager": no compiled code), `prepack`."""
+    ("aoti": the compiled `.so`; "onnxruntime": decode.onnx; "eager": no compiled code), `prepack`.
+
+    Everything is read from a private copy of the bundle, hashed (and with `trusted_keys`, its
+    signature checked) as it was copied (runtime.format.reader.open_private); the copy goes with the
+    Runtime."""
     config = LoadConfig.of(config, **options)
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)  # the .so has dynamic threads: this governs it too
     backend = backends.backend(config.backend)
-    path, manifest = open_bundle(Path(path), backend, config.trusted_keys, defer_weights=True)
-    model = _build_model(path, manifest)  # the weights are verified before this returns
-    decode = backend.open(path, model, manifest, config)
-    return Runtime(path, model, decode, DecodeContract.of(manifest), config, manifest)
-
-
-def _build_model(path: Path, manifest: Manifest):
-    """Build the eager model while a second thread hashes its weight files (hashlib releases the
-    GIL), so verifying a large bundle costs little extra start-up time."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        hashed = pool.submit(verify_files, path, manifest, weight_files(manifest))
-        try:
-            model = build_model(path, manifest)
-        except Exception:
-            hashed.result()  # a missing or corrupt weight file explains the failure better
-            raise
-        hashed.result()
-    return model
+    private, manifest = open_private(Path(path), backend, config.trusted_keys)
+    try:
+        model = build_model(private, manifest)
+        decode = backend.open(private, model, manifest, config)
+        rt = Runtime(private, model, decode, DecodeContract.of(manifest), config, manifest, source=Path(path))
+    except BaseException:
+        shutil.rmtree(private, ignore_errors=True)
+        raise
+    weakref.finalize(rt, shutil.rmtree, private, True)  # at the Runtime's end, or at exit
+    # Loading ran parallel ops on this thread, which now owns an idle OpenMP team; a server's main thread
+    # never submits (which would free it), and a second team makes every decode barrier sleep
+    # (runtime.engine.openmp).
+    release_team()
+    return rt
 
 
 class Runtime:
     """A loaded bundle. Its engine (runtime.engine) owns the KV cache's rows and runs every request,
     from any thread, batched with the others."""
 
-    def __init__(self, path, model, decode, contract: DecodeContract, config: LoadConfig, manifest=None):
-        """`path`: the bundle (or, assembled by hand, a checkpoint directory) with the tokenizer and
-        generation config; `model`: the eager model; `decode`: a backend's step over its weights;
-        `manifest`: the bundle's, None when assembled by hand."""
+    def __init__(self, path, model, decode, contract: DecodeContract, config: LoadConfig, manifest=None, source=None):
+        """`path`: the bundle's private copy (or, assembled by hand, a checkpoint directory) with the
+        tokenizer and generation config; `model`: the eager model; `decode`: a backend's step over its
+        weights; `manifest`: the bundle's, None when assembled by hand; `source`: the folder it was
+        loaded from (default: `path`)."""
         self.path, self.model, self.decode, self.contract = Path(path), model, decode, contract
+        self.source = Path(source) if source is not None else self.path
         self.load_config, self.manifest = config, manifest
         self.generation_config = GenerationConfig.from_pretrained(self.path, local_files_only=True)
         self.model.generation_config = self.generation_config  # what HF's option resolution reads
@@ -157,14 +160,15 @@ class Runtime:
         request = self.request(input_ids, attention_mask, generator, **kwargs)
         return collect(self.engine.submit(request, want_logits=bool(request.config.output_logits)), streamer)
 
-    def session(self, system: str | None = None, drop_oldest: bool = False):
+    def session(self, system: str | None = None, drop_oldest: bool = False, parse_special: bool = False):
         """A multi-turn chat that keeps its KV cache between turns (runtime.session): each `send` prefills
         only the tokens the chat template added since the last turn. It holds one cache row until
         closed. `drop_oldest`: when the conversation would overflow the cache, drop the oldest turns
-        instead of raising CacheOverflowError."""
+        instead of raising CacheOverflowError. `parse_special`: control-token strings in messages act as
+        control tokens (by default they stay text: runtime.inputs.chat_inputs)."""
         from runtime.session import Session
 
-        return Session(self, system, drop_oldest)
+        return Session(self, system, drop_oldest, parse_special)
 
     def stream(self, input_ids, attention_mask=None, generator=None, **kwargs) -> Iterator[str]:
         """Yield decoded text pieces of a single sequence as they are produced."""

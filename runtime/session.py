@@ -43,9 +43,10 @@ class Session:
     """A conversation over one cache row of a Runtime. Use as a context manager, or `close()` it: the
     row is the session's until then."""
 
-    def __init__(self, rt, system: str | None = None, drop_oldest: bool = False):
+    def __init__(self, rt, system: str | None = None, drop_oldest: bool = False, parse_special: bool = False):
         self.rt = rt
         self.system = system
+        self.parse_special = parse_special  # control-token strings in messages act as control tokens
         self.drop_oldest = drop_oldest  # when the cache would overflow: drop the oldest turns, or refuse
         self.messages: list[dict] = []
         self.last: Turn | None = None
@@ -128,7 +129,7 @@ class Session:
         return reply
 
     def _inputs(self) -> dict:
-        return chat_inputs(self.rt, conversation(self.system, self.messages))
+        return chat_inputs(self.rt, conversation(self.system, self.messages), self.parse_special)
 
     def _reusable(self, ids: torch.Tensor, model_inputs: dict) -> int:
         """How many leading tokens of `ids` the row holds already (at most all but the last, which the

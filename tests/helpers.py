@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -123,3 +126,52 @@ def rewrite_manifest(path: Path, **changes) -> None:
     raw.pop("digest")
     raw.update(changes)
     (path / MANIFEST).write_text(json.dumps(raw | {"digest": _digest(raw)}))
+
+
+# ---- threads and OpenMP teams (tests/unit/test_openmp.py, tests/bundle/test_threads.py) ----
+
+
+def tasks() -> int:
+    """This process's threads (OpenMP's workers included)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def parallel_op() -> None:
+    torch.ones(4_000_000).sum()  # far above ATen's grain size: runs on the calling thread's team
+
+
+def steady_tasks(quiet: float = 0.2, timeout: float = 5.0) -> int:
+    """The thread count once it has not changed for `quiet` seconds (threads that were ending, ended)."""
+    deadline, count, since = time.monotonic() + timeout, tasks(), time.monotonic()
+    while time.monotonic() - since < quiet and time.monotonic() < deadline:
+        time.sleep(0.01)
+        if tasks() != count:
+            count, since = tasks(), time.monotonic()
+    return count
+
+
+def settles_at(count: int, timeout: float = 5.0) -> bool:
+    """Whether the process's thread count comes down to `count` (exiting threads free their teams
+    in thread-exit destructors, a moment after Python's join returns)."""
+    deadline = time.monotonic() + timeout
+    while tasks() != count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return tasks() == count
+
+
+def in_fresh_thread(body):
+    """Run body() on a new thread, which starts without a team; re-raise what it raised."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = body()
+        except BaseException as e:  # handed to the test's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -111,6 +111,16 @@ def _add_serve(sub) -> None:
     )
     s.add_argument("--max-body-bytes", type=int, default=16 * 2**20, help="larger request bodies get 413")
     s.add_argument("--max-image-pixels", type=int, default=16 * 2**20, help="larger images are refused")
+    s.add_argument(
+        "--max-request-pixels", type=int, default=32 * 2**20, help="all images of one request together, at most"
+    )
+    s.add_argument("--max-images", type=int, default=8, help="images per request, at most")
+    s.add_argument(
+        "--parse-special",
+        action="store_true",
+        help="control-token strings in message content act as control tokens (default: they stay text, so a "
+        "user cannot open a turn of another role)",
+    )
     s.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
     s.add_argument("--model-name", help="the model id reported by /v1/models (default: the bundle's folder name)")
     _add_load(s)
@@ -193,6 +203,7 @@ def _serve(args) -> int:
         bundle=args.bundle, host=args.host, port=args.port, max_queue=args.max_queue,
         api_key=args.api_key if args.api_key is not None else os.environ.get("AOTPACK_API_KEY"),
         max_body_bytes=args.max_body_bytes, max_image_pixels=args.max_image_pixels,
+        max_request_pixels=args.max_request_pixels, max_images=args.max_images, parse_special=args.parse_special,
         shutdown_grace=args.shutdown_grace, model_name=args.model_name,
         load=load_config(args, prefill_chunk=_prefill_chunk(args.prefill_chunk)),
     )  # fmt: skip
@@ -215,6 +226,11 @@ def _ray_config(args):
     given = [f"--{name.replace('_', '-')}" for name, value in ray.items() if value is not None]
     if given and not args.ray:
         raise AotpackError(f"{', '.join(given)} scale out on Ray Serve: add --ray")
+    if args.ray and args.max_queue == 0:  # it used to mean "unbounded" there, and "never wait" without Ray
+        raise AotpackError(
+            "--max-queue 0 (no request waits) has no Ray Serve equivalent: its proxy's queue takes a bound of "
+            "1 or more; give --max-queue 1 or more with --ray"
+        )
     return RayConfig(**{name: value for name, value in ray.items() if value is not None}) if args.ray else None
 
 

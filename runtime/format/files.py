@@ -28,6 +28,17 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def copy_hashed(source: Path, destination: Path) -> str:
+    """Copy a file, hashing the very bytes written; returns their sha256. What the copy holds is then
+    exactly what was checked, whatever happens to the source afterwards."""
+    h = hashlib.sha256()
+    with open(source, "rb") as src, open(destination, "xb") as dst:
+        for block in iter(lambda: src.read(1 << 22), b""):
+            h.update(block)
+            dst.write(block)
+    return h.hexdigest()
+
+
 def json_digest(body) -> str:
     """The sha256 of a JSON value in canonical form (sorted keys): the manifest's own digest, and the
     decode signature's fingerprint."""

@@ -1,23 +1,29 @@
 """Reading and checking a bundle directory before anything in it is executed.
 
-Owns: path safety, the listing (nothing unlisted), sha256 verification, the signature check, and
-asking the chosen decode backend (runtime.backends) whether the bundle has what it needs and whether
-this process can run it. AOTInductor checks none of these itself: a mismatched `.so` only warns, and a
-missing weight segfaults, so every check here runs before anything is loaded. Torch-free; a backend's
-own compatibility check may import torch.
+Owns: path safety, the listing (nothing unlisted), sha256 verification, the signature check, the
+private verified copy that loading reads from (`open_private`), and asking the chosen decode backend
+(runtime.backends) whether the bundle has what it needs and whether this process can run it.
+AOTInductor checks none of these itself: a mismatched `.so` only warns, and a missing weight
+segfaults, so every check here runs before anything is loaded. Torch-free; a backend's own
+compatibility check may import torch.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 from runtime.errors import BundleError, IntegrityError
-from runtime.format.files import MANIFEST, SIGNATURE, sha256
+from runtime.format.files import MANIFEST, SIGNATURE, copy_hashed, sha256
 from runtime.format.manifest import Manifest
 
 
 def read_manifest(bundle: Path) -> Manifest:
-    bundle = Path(bundle)
+    return Manifest.from_json(_manifest_bytes(Path(bundle)))
+
+
+def _manifest_bytes(bundle: Path) -> bytes:
     path = bundle / MANIFEST
     try:  # an unreadable folder fails in lstat (is_symlink), an unreadable file in read_bytes
         if not bundle.is_dir():
@@ -28,10 +34,9 @@ def read_manifest(bundle: Path) -> Manifest:
             raise IntegrityError(f"{path} is a symlink; a bundle's manifest is a plain file inside it")
         if not path.is_file():
             raise BundleError(f"{path} is missing: {bundle} is not a complete aotpack bundle; re-export it")
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:
         raise BundleError(f"{path} cannot be read ({e.strerror}); check its permissions") from None
-    return Manifest.from_json(data)
 
 
 def bundle_file(bundle: Path, name: str) -> Path:
@@ -44,6 +49,14 @@ def bundle_file(bundle: Path, name: str) -> Path:
     return path
 
 
+def _check_digest(name: str, actual: str, manifest: Manifest) -> None:
+    if actual != manifest.files[name]:
+        raise IntegrityError(
+            f"bundle file {name!r} has sha256 {actual[:16]}…, manifest says {manifest.files[name][:16]}…: "
+            "the file was altered or corrupted; re-export the bundle"
+        )
+
+
 def verify_files(bundle: Path, manifest: Manifest, names=None) -> None:
     """Check the sha256 of the listed files `names` (default: all of them)."""
     bundle = Path(bundle)
@@ -52,14 +65,10 @@ def verify_files(bundle: Path, manifest: Manifest, names=None) -> None:
         if not path.is_file():
             raise IntegrityError(f"bundle file {name!r} is missing from {bundle}; re-export the bundle")
         try:
-            actual, digest = sha256(path), manifest.files[name]
+            actual = sha256(path)
         except OSError as e:
             raise BundleError(f"bundle file {name!r} cannot be read ({e.strerror}); check its permissions") from None
-        if actual != digest:
-            raise IntegrityError(
-                f"bundle file {name!r} has sha256 {actual[:16]}…, manifest says {digest[:16]}…: "
-                "the file was altered or corrupted; re-export the bundle"
-            )
+        _check_digest(name, actual, manifest)
 
 
 def check_listing(bundle: Path, manifest: Manifest) -> None:
@@ -74,28 +83,75 @@ def check_listing(bundle: Path, manifest: Manifest) -> None:
             raise IntegrityError(f"{path.name!r} in {bundle} is not listed in the manifest; remove it or re-export")
 
 
-def weight_files(manifest: Manifest) -> list[str]:
-    """The large safetensors files. A format that executes nothing when parsed, so they may be
-    hashed while the model is being built from them (see Runtime), never after the .so runs."""
-    return [name for name in manifest.files if name.endswith(".safetensors")]
-
-
-def open_bundle(path, backend=None, trusted_keys=None, defer_weights: bool = False) -> tuple[Path, Manifest]:
-    """Read and check a bundle for the decode `backend` (runtime.backends; None: integrity only);
-    returns (dir, manifest). With `trusted_keys` (public-key files) the bundle must carry a signature
-    that verifies with one of them. With `defer_weights` the caller verifies `weight_files(manifest)`
-    itself before the bundle is used."""
+def open_bundle(path, backend=None, trusted_keys=None) -> tuple[Path, Manifest]:
+    """Read and check a bundle in place for the decode `backend` (runtime.backends; None: integrity
+    only); returns (dir, manifest). With `trusted_keys` (public-key files) the bundle must carry a
+    signature that verifies with one of them. For `aotpack verify` and `inspect`: what loads a bundle
+    uses `open_private`, since files checked in place may change before they are read."""
     bundle = Path(path)
     manifest = read_manifest(bundle)
     if backend is not None:
         backend.check_bundle(manifest, bundle)
     check_listing(bundle, manifest)
     if trusted_keys is not None:
-        from runtime.format.signing import verify  # model-signing is an optional extra
-
-        verify(bundle, trusted_keys)
-    deferred = set(weight_files(manifest)) if defer_weights else set()
-    verify_files(bundle, manifest, [name for name in manifest.files if name not in deferred])
+        _verify_signature(bundle, trusted_keys)
+    verify_files(bundle, manifest)
     if backend is not None:
         backend.check_compatible(manifest)
     return bundle, manifest
+
+
+def open_private(path, backend=None, trusted_keys=None) -> tuple[Path, Manifest]:
+    """A bundle, checked, as a private copy to load from instead of the folder; returns (copy, manifest).
+
+    The manifest's bytes, the signature and every listed file are copied into a new folder that only
+    this user may enter (mode 0700), each file hashed as it is written, and the signature is checked
+    over the copy. So what is loaded (the manifest, weights, compiled code, tokenizer and template) is
+    exactly what was verified, and nothing done to the bundle folder afterwards reaches this process:
+    a file swapped between a check and its use, bytes zeroed under memory-mapped weights, a truncation
+    (which made reading mapped weights raise SIGBUS). The checks that need no copy run first. The
+    caller removes the copy when done with it (`load()` ties it to the Runtime's lifetime)."""
+    bundle = Path(path)
+    data = _manifest_bytes(bundle)
+    manifest = Manifest.from_json(data)
+    if backend is not None:
+        backend.check_bundle(manifest, bundle)
+    check_listing(bundle, manifest)
+    private = Path(tempfile.mkdtemp(prefix="aotpack-bundle-"))
+    try:
+        (private / MANIFEST).write_bytes(data)
+        _copy_listed(bundle, manifest, private)
+        if trusted_keys is not None:
+            _verify_signature(private, trusted_keys)
+        if backend is not None:
+            backend.check_compatible(manifest)
+    except BaseException:
+        shutil.rmtree(private, ignore_errors=True)
+        raise
+    return private, manifest
+
+
+def _copy_listed(bundle: Path, manifest: Manifest, private: Path) -> None:
+    for name in sorted(manifest.files):
+        source = bundle_file(bundle, name)
+        if not source.is_file():
+            raise IntegrityError(f"bundle file {name!r} is missing from {bundle}; re-export the bundle")
+        try:
+            actual = copy_hashed(source, private / name)
+        except OSError as e:
+            raise BundleError(
+                f"bundle file {name!r} could not be copied to the private folder {private} ({e.strerror}: "
+                f"{e.filename}); check the file's permissions, or free space where TMPDIR points"
+            ) from None
+        _check_digest(name, actual, manifest)
+    signature = bundle / SIGNATURE
+    if signature.is_symlink():
+        raise IntegrityError(f"{signature} is a symlink; a bundle's signature is a plain file inside it")
+    if signature.is_file():
+        shutil.copyfile(signature, private / SIGNATURE)
+
+
+def _verify_signature(bundle: Path, trusted_keys) -> None:
+    from runtime.format.signing import verify  # model-signing is an optional extra
+
+    verify(bundle, trusted_keys)

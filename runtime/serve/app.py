@@ -21,11 +21,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.errors import EngineClosedError, InvalidInputError, QueueFullError, RuntimeBusyError
 from runtime.serve.completion import TextStream, generate_options
 from runtime.serve.config import ServeConfig
-from runtime.serve.messages import chat_inputs, chat_messages, prompt_inputs
+from runtime.serve.messages import ImageBudget, chat_inputs, chat_messages, prompt_inputs
 from runtime.serve.metrics import Metrics
 from runtime.serve.schema import ChatRequest, CompletionRequest
 
@@ -45,7 +46,8 @@ def error_response(status: int, message: str, kind: str, headers=None) -> JSONRe
 
 
 def create_app(rt, config: ServeConfig) -> FastAPI:
-    app = FastAPI(title="aotpack", docs_url=None, redoc_url=None)
+    # max_body_size: FastAPI counts the bytes it actually reads (a chunked body has no Content-Length)
+    app = FastAPI(title="aotpack", docs_url=None, redoc_url=None, max_body_size=config.max_body_bytes)
     app.state.rt, app.state.config, app.state.ready = rt, config, True
     app.state.metrics = Metrics(rt.engine, rt.contract.batch_size)
     _install_guards(app, config)
@@ -91,6 +93,13 @@ def _install_errors(app: FastAPI) -> None:
     async def served(_, exc: ServeError):
         return error_response(exc.status, exc.message, exc.kind, exc.headers)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http(_, exc: StarletteHTTPException):
+        """FastAPI's own (a body it cannot parse: nesting too deep, an integer too long; a 404, a 405) in
+        OpenAI's error shape, not `{"detail": ...}`."""
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return error_response(exc.status_code, str(exc.detail), kind, getattr(exc, "headers", None))
+
 
 def _install_probes(app: FastAPI) -> None:
     @app.get("/health")
@@ -114,18 +123,30 @@ def _install_probes(app: FastAPI) -> None:
 
 
 def _install_generation(app: FastAPI) -> None:
+    budget = _image_budget(app.state.rt, app.state.config)
+
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        pixels = app.state.config.max_image_pixels
-
         def inputs(rt):
-            return chat_inputs(rt, chat_messages(body.messages, rt.is_multimodal, pixels))
+            return chat_inputs(rt, chat_messages(body.messages, budget), app.state.config.parse_special)
 
         return await _respond(app, request, body, inputs, "chat")
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         return await _respond(app, request, body, lambda rt: prompt_inputs(rt, body.prompt), "text")
+
+
+def _image_budget(rt, config: ServeConfig) -> ImageBudget:
+    slots = getattr(rt.model.config, "mm_tokens_per_image", None)  # Gemma 3's 256 soft tokens an image
+    return ImageBudget(
+        rt.is_multimodal,
+        config.max_image_pixels,
+        config.max_request_pixels,
+        config.max_images,
+        rt.contract.max_cache_len,
+        slots if isinstance(slots, int) else None,
+    )
 
 
 async def _respond(app: FastAPI, request: Request, body, build_inputs, kind: str):

@@ -27,7 +27,7 @@ from runtime.errors import AotpackError
 from runtime.format.reader import read_manifest
 from runtime.serve.app import create_app
 from runtime.serve.config import RayConfig, ServeConfig
-from runtime.serve.server import bind
+from runtime.serve.server import bind, signature_note
 
 REPLICA_HEADER = "x-aotpack-replica"  # which replica answered: "host:pid", for clients and tests
 
@@ -87,7 +87,7 @@ def deployment(config: ServeConfig, ray_config: RayConfig, rows: int):
         # Up to two batches per replica: the second waits in the replica's engine and is admitted into
         # rows the moment they free; Ray's proxy queues the rest and sends it to the least-loaded replica.
         max_ongoing_requests=2 * rows,
-        max_queued_requests=config.max_queue if config.max_queue else -1,
+        max_queued_requests=config.max_queue,  # >= 1: the CLI refuses 0 with --ray
         ray_actor_options={"num_cpus": config.load.num_threads}
         | ({"label_selector": ray_config.label_selector} if ray_config.labels else {}),
         graceful_shutdown_timeout_s=config.shutdown_grace,
@@ -148,7 +148,8 @@ def serve_ray(config: ServeConfig, ray_config: RayConfig, out=sys.stdout) -> Non
         sizing = ray_config.describe()
         print(
             f"aotpack serve: {config.bundle} on {url} through Ray Serve ({sizing}, "
-            f"Ray at {ray.get_runtime_context().gcs_address}), ready in {time.perf_counter() - start:.1f} s",
+            f"Ray at {ray.get_runtime_context().gcs_address}), ready in {time.perf_counter() - start:.1f} s; "
+            f"{signature_note(config.load)}",
             file=out,
             flush=True,
         )

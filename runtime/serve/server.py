@@ -38,6 +38,14 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def signature_note(load) -> str:
+    """What start-up says of the bundle's provenance: without --key, only its hashes were checked, and
+    whoever can write the bundle folder can write consistent hashes."""
+    if load.trusted_keys:
+        return f"signature verified with one of the {len(load.trusted_keys)} trusted key(s) given"
+    return "signature NOT checked (no --key): hashes catch corruption, not a rewritten bundle"
+
+
 def serve(config: ServeConfig, out=sys.stdout) -> None:
     from runtime.runtime import load
 
@@ -51,7 +59,7 @@ def serve(config: ServeConfig, out=sys.stdout) -> None:
     print(
         f"aotpack serve: {config.bundle} ({m.model_class}, {m.dtype}, {m.batch_size} slots, {config.load.backend} "
         f"decode) on http://{host}:{port}, "
-        f"loaded in {time.perf_counter() - start:.1f} s",
+        f"loaded in {time.perf_counter() - start:.1f} s; {signature_note(config.load)}",
         file=out,
         flush=True,
     )

@@ -226,6 +226,60 @@ def test_images_over_the_pixel_limit_and_bad_data_are_refused(serving):
         assert e.value.status_code == 400 and message in e.value.message
 
 
+def test_a_requests_images_are_budgeted_together_before_any_is_decoded(serving, monkeypatch):
+    """Each image under the per-image limit, but too many of them, or too many pixels together: refused
+    from the headers alone (16 one-bit 4096x4096 PNGs in a 45 KiB body took 0.9 GiB to decode)."""
+    from PIL import Image
+
+    import runtime.serve.messages as messages
+
+    url, _ = serving(VLM, max_image_pixels=100 * 100, max_request_pixels=25_000, max_images=3)
+    decoded = []
+    monkeypatch.setattr(messages, "decode_image", lambda *a: decoded.append(a))
+    small, large = _data_url(Image.new("1", (10, 10))), _data_url(Image.new("1", (100, 100)))
+
+    def refusal(content) -> str:
+        body = {"messages": [{"role": "user", "content": content}]}
+        status, _, text = fetch("POST", f"{url}/v1/chat/completions", body)
+        assert status == 400
+        return json.loads(text)["error"]["message"]
+
+    def images(*urls):
+        return [{"type": "image_url", "image_url": {"url": u}} for u in urls] + [{"type": "text", "text": "hi"}]
+
+    assert "4 images in one request; this server takes at most 3" in refusal(images(small, small, small, small))
+    assert "hold 30000 pixels together, over this server's limit of 25000" in refusal(images(large, large, large))
+    assert "needs its image_url field" in refusal([{"type": "image_url"}])  # was an AttributeError and a 500
+    assert decoded == []  # nothing was decoded for any of them
+
+
+def test_a_chunked_body_over_the_limit_gets_413_from_the_bytes_read(serving):
+    """No Content-Length to check up front: a 300 MB chunked body used to be read whole and answered 200."""
+    url, _ = serving(TEXT, max_body_bytes=1000)
+    where = urlparse(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+    chunks = (body[i : i + 512] for i in range(0, len(body), 512))
+    conn.request("POST", "/v1/chat/completions", chunks, {"Content-Type": "application/json"}, encode_chunked=True)
+    reply = conn.getresponse()
+    assert reply.status == 413 and "error" in json.loads(reply.read())
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"[" * 100_000 + b"]" * 100_000, b'{"max_tokens": ' + b"9" * 5000 + b"}", b'{"messages": "\xff\xfe"}' + b"\xff"],
+)
+def test_bodies_that_cannot_be_parsed_get_openais_error_shape(serving, data):
+    url, _ = serving(TEXT)
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(request, timeout=60)
+    assert e.value.code in (400, 422) and set(json.loads(e.value.read())) == {"error"}
+
+
 def test_body_over_the_limit_gets_413(serving):
     url, _ = serving(TEXT, max_body_bytes=1000)
     status, _, text = fetch(
@@ -362,6 +416,7 @@ def test_sigterm_finishes_what_is_in_flight_and_exits(bundle):
     try:
         line = proc.stdout.readline()
         assert "4 slots, onnxruntime decode) on" in line, proc.stderr.read() if not line else line
+        assert "signature NOT checked (no --key)" in line  # a bundle served without a key says so
         url = line.split(" on ")[1].split(",")[0]
         body = {"messages": QUESTION, "max_tokens": 60, "stream": True}
         with event_stream(url, body) as lines:

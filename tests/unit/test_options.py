@@ -77,3 +77,11 @@ def test_the_no_op_values_of_those_fields_are_accepted():
         top_logprobs=0,
     )
     CompletionRequest(prompt="p", echo=False, best_of=1, suffix="")
+
+
+def test_max_queue_zero_with_ray_is_refused_before_loading(tmp_path, capsys):
+    """0 meant "unbounded" under --ray and "never wait" without it; Ray's queue has no 0."""
+    from runtime.cli import main
+
+    assert main(["serve", str(tmp_path / "absent"), "--ray", "--max-queue", "0"]) == 2
+    assert "--max-queue 0 (no request waits) has no Ray Serve equivalent" in capsys.readouterr().err
