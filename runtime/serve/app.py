@@ -46,8 +46,7 @@ def error_response(status: int, message: str, kind: str, headers=None) -> JSONRe
 
 
 def create_app(rt, config: ServeConfig) -> FastAPI:
-    # max_body_size: FastAPI counts the bytes it actually reads (a chunked body has no Content-Length)
-    app = FastAPI(title="aotpack", docs_url=None, redoc_url=None, max_body_size=config.max_body_bytes)
+    app = FastAPI(title="aotpack", docs_url=None, redoc_url=None)
     app.state.rt, app.state.config, app.state.ready = rt, config, True
     app.state.metrics = Metrics(rt.engine, rt.contract.batch_size)
     _install_guards(app, config)
@@ -58,6 +57,8 @@ def create_app(rt, config: ServeConfig) -> FastAPI:
 
 
 def _install_guards(app: FastAPI, config: ServeConfig) -> None:
+    app.add_middleware(_BodyLimit, limit=config.max_body_bytes)
+
     @app.middleware("http")
     async def guard(request: Request, call_next):
         if config.api_key and request.url.path not in OPEN_PATHS and not _authorized(request, config.api_key):
@@ -67,6 +68,38 @@ def _install_guards(app: FastAPI, config: ServeConfig) -> None:
             message = f"request body over this server's limit of {config.max_body_bytes} bytes"
             return _counted(app, request, error_response(413, message, "invalid_request_error"))
         return _counted(app, request, await call_next(request))
+
+
+class _BodyTooLarge(StarletteHTTPException):
+    """An HTTPException, so that FastAPI's body reading re-raises it as it is (it turns other errors
+    into a 400) and the app's handler answers it in OpenAI's shape."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body over this server's limit of {limit} bytes")
+
+
+class _BodyLimit:
+    """Counts the body bytes actually received: a chunked body carries no Content-Length for the guard
+    to check up front (a 300 MB one was read whole and answered 200). FastAPI's own `max_body_size`
+    answers in plain text."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        received = 0
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise _BodyTooLarge(self.limit)
+            return message
+
+        await self.app(scope, counted, send)
 
 
 def _authorized(request: Request, key: str) -> bool:
@@ -170,6 +203,10 @@ async def _respond(app: FastAPI, request: Request, body, build_inputs, kind: str
 def _submit(app: FastAPI, body, build_inputs):
     """Inputs, validation and queueing, in a worker thread: aotpack's errors become HTTP errors."""
     rt, config = app.state.rt, app.state.config
+    if body.stop and max(map(len, body.stop)) > config.max_stop_chars:
+        raise ServeError(
+            400, f"each stop string is at most {config.max_stop_chars} characters", "invalid_request_error"
+        )
     try:
         inputs = build_inputs(rt)
         options = generate_options(body, rt, inputs["input_ids"].shape[1])

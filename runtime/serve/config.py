@@ -22,6 +22,7 @@ class ServeConfig:
     max_image_pixels: int = 16 * 2**20  # per decoded image; larger ones (decompression bombs) are refused
     max_request_pixels: int = 32 * 2**20  # all images of one request together, checked before any is decoded
     max_images: int = 8  # images per request
+    max_stop_chars: int = 1024  # per stop string (one of a million characters took 16 s and 2.7 GB to match)
     parse_special: bool = False  # control-token strings in message content act as control tokens (else text)
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
     model_name: str | None = None  # the id /v1/models reports (default: the bundle directory's name)
@@ -30,7 +31,14 @@ class ServeConfig:
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
             raise InvalidInputError(f"--port {self.port} must be from 0 to 65535")
-        for name in ("max_queue", "max_body_bytes", "max_image_pixels", "max_request_pixels", "max_images"):
+        for name in (
+            "max_queue",
+            "max_body_bytes",
+            "max_image_pixels",
+            "max_request_pixels",
+            "max_images",
+            "max_stop_chars",
+        ):
             if getattr(self, name) < 0:
                 raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.shutdown_grace < 0:

@@ -199,15 +199,23 @@ def test_a_rehashed_decode_onnx_returning_other_outputs_is_refused_at_load(bundl
     copy = tmp_path / "bundle"
     shutil.copytree(bundle("tiny-llama"), copy)
     graph = onnx.load(str(copy / DECODE_ONNX), load_external_data=False)
+    producer = next(node for node in graph.graph.node if "logits" in node.output)
+    producer.output[list(producer.output).index("logits")] = "logits_raw"
     logits = graph.graph.output[0].type.tensor_type
-    if edit == "vocab":
-        logits.shape.dim[1].dim_value += 1
-    else:
+    if edit == "vocab":  # one column fewer: a graph whose output is really another shape
+        logits.shape.dim[1].dim_value -= 1
+        bounds = [onnx.helper.make_tensor(n, onnx.TensorProto.INT64, [1], [v]) for n, v in
+                  (("cut_start", 0), ("cut_end", logits.shape.dim[1].dim_value), ("cut_axis", 1))]  # fmt: skip
+        graph.graph.initializer.extend(bounds)
+        cut = onnx.helper.make_node("Slice", ["logits_raw", "cut_start", "cut_end", "cut_axis"], ["logits"])
+    else:  # doubles instead of floats
         logits.elem_type = onnx.TensorProto.DOUBLE
+        cut = onnx.helper.make_node("Cast", ["logits_raw"], ["logits"], to=onnx.TensorProto.DOUBLE)
+    graph.graph.node.append(cut)
     onnx.save(graph, str(copy / DECODE_ONNX))
     files = json.loads((copy / MANIFEST).read_text())["files"]
     rewrite_manifest(copy, files=files | {DECODE_ONNX: sha256(copy / DECODE_ONNX)})
-    with pytest.raises(BundleError, match="output 'logits' is tensor"):
+    with pytest.raises(BundleError, match="decode.onnx's output 'logits' is tensor"):
         load(copy, backend="onnxruntime")
 
 

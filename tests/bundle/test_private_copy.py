@@ -6,7 +6,8 @@ The attack these reproduce (found by hostile testing): a process that watched th
 genuine manifest back right after load() had read a forged one, so the signature check passed over the
 genuine files; then swapped in another `decode.pt2` after the check, whose hash the forged manifest
 held: the other package's `.so` constructor ran, with "signature verified" printed, 5 times out of 5.
-Here the attacker's file operations run at exactly those moments.
+Here a second process (the attacker) does its file operations at exactly those moments: load()'s
+steps are wrapped to hand it its cue and wait until it is done.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -62,6 +64,29 @@ def evil_package(bundle, tmp_path):
     return package, mark
 
 
+@contextmanager
+def _attacker():
+    """A second process that copies a file over another on cue, and says when it is done."""
+    script = textwrap.dedent("""
+        import shutil, sys
+        for line in sys.stdin:
+            shutil.copyfile(*line.rstrip("\\n").split("\\t"))
+            print("done", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def copy(source, target):
+        proc.stdin.write(f"{source}\t{target}\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "done\n"
+
+    try:
+        yield copy
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
 def _forge(bundle, package):
     """Point the manifest at `package` (hashes and digest recomputed: consistent, but not signed)."""
     raw = json.loads((bundle / MANIFEST).read_text())
@@ -69,52 +94,60 @@ def _forge(bundle, package):
 
 
 def test_a_manifest_restored_after_its_read_and_code_swapped_after_the_check_never_run(
-    signed, evil_package, monkeypatch
+    signed, evil_package, monkeypatch, tmp_path
 ):
     """The attack as found: the forged manifest is what load() reads first, the genuine one is back
     for the signature check, and the code is swapped in after it."""
     bundle, owner = signed
     package, mark = evil_package
-    genuine = (bundle / MANIFEST).read_bytes()
+    genuine = tmp_path / "genuine-manifest.json"
+    shutil.copyfile(bundle / MANIFEST, genuine)
     _forge(bundle, package)
     read, verify = reader._manifest_bytes, signing.verify
+    with _attacker() as attacker:
 
-    def read_then_restore(path):
-        data = read(path)
-        (bundle / MANIFEST).write_bytes(genuine)
-        return data
+        def read_then_restore(path):
+            data = read(path)
+            attacker(genuine, bundle / MANIFEST)
+            return data
 
-    def verify_then_swap(path, keys):
-        key = verify(path, keys)
-        shutil.copyfile(package, bundle / DECODE)
-        return key
+        def verify_then_swap(path, keys):
+            key = verify(path, keys)
+            attacker(package, bundle / DECODE)
+            return key
 
-    monkeypatch.setattr(reader, "_manifest_bytes", read_then_restore)
-    monkeypatch.setattr(signing, "verify", verify_then_swap)
-    with pytest.raises(IntegrityError):
-        load(bundle, trusted_keys=[owner])
+        monkeypatch.setattr(reader, "_manifest_bytes", read_then_restore)
+        monkeypatch.setattr(signing, "verify", verify_then_swap)
+        with pytest.raises(IntegrityError):
+            load(bundle, trusted_keys=[owner])
+    assert (bundle / MANIFEST).read_bytes() == genuine.read_bytes()  # the attacker did its part
     assert not mark.exists(), "code outside the signed bytes ran"
 
 
-def test_forged_files_present_while_copied_and_genuine_ones_back_after_never_run(signed, evil_package, monkeypatch):
+def test_forged_files_present_while_copied_and_genuine_ones_back_after_never_run(
+    signed, evil_package, monkeypatch, tmp_path
+):
     """A forged manifest and the code it names, consistent with each other, in place exactly while the
     copy is made, and the genuine files back right after: a check of the folder would now pass; the
     signature is checked over the copy, so it fails."""
     bundle, owner = signed
     package, mark = evil_package
-    genuine = {name: (bundle / name).read_bytes() for name in (MANIFEST, DECODE)}
+    genuine = {name: tmp_path / f"genuine-{name}" for name in (MANIFEST, DECODE)}
+    for name, saved in genuine.items():
+        shutil.copyfile(bundle / name, saved)
     _forge(bundle, package)
     shutil.copyfile(package, bundle / DECODE)
     copy = reader._copy_listed
+    with _attacker() as attacker:
 
-    def copy_then_restore(*args):
-        copy(*args)
-        for name, data in genuine.items():
-            (bundle / name).write_bytes(data)
+        def copy_then_restore(*args):
+            copy(*args)
+            for name, saved in genuine.items():
+                attacker(saved, bundle / name)
 
-    monkeypatch.setattr(reader, "_copy_listed", copy_then_restore)
-    with pytest.raises(IntegrityError, match="does not verify with any trusted key"):
-        load(bundle, trusted_keys=[owner])
+        monkeypatch.setattr(reader, "_copy_listed", copy_then_restore)
+        with pytest.raises(IntegrityError, match="does not verify with any trusted key"):
+            load(bundle, trusted_keys=[owner])
     assert not mark.exists(), "code outside the signed bytes ran"
     monkeypatch.undo()
     load(bundle, trusted_keys=[owner]).engine.close()  # the genuine bundle, back in place, loads

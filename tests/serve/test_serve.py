@@ -253,6 +253,14 @@ def test_a_requests_images_are_budgeted_together_before_any_is_decoded(serving, 
     assert decoded == []  # nothing was decoded for any of them
 
 
+def test_a_stop_string_over_the_limit_is_refused(serving):
+    """A 1-million-character stop string took peak memory from 1.0 to 3.7 GiB and 16 s."""
+    url, _ = serving(TEXT, max_stop_chars=50)
+    with pytest.raises(APIStatusError) as e:
+        client(url).chat.completions.create(model="m", messages=QUESTION, stop=["x" * 51], max_tokens=2)
+    assert e.value.status_code == 400 and "each stop string is at most 50 characters" in e.value.message
+
+
 def test_a_chunked_body_over_the_limit_gets_413_from_the_bytes_read(serving):
     """No Content-Length to check up front: a 300 MB chunked body used to be read whole and answered 200."""
     url, _ = serving(TEXT, max_body_bytes=1000)

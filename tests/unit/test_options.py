@@ -47,7 +47,6 @@ _HI = [{"role": "user", "content": "hi"}]
         ("chat", {"presence_penalty": -1.0}, "presence_penalty"),
         ("chat", {"tool_choice": "required"}, "tool_choice"),
         ("chat", {"top_logprobs": 3}, "top_logprobs"),
-        ("chat", {"stop": "x" * 2000}, "stop string"),
         ("text", {"echo": True}, "echo"),
         ("text", {"suffix": "tail"}, "suffix"),
         ("text", {"best_of": 3}, "best_of"),
