@@ -3,9 +3,10 @@
 
 Owns: the message layout (HF chat messages whose content is a string, or typed items for VLMs:
 `{"type": "text", "text": ...}`, `{"type": "image", "image": PIL image}`), rendering a conversation
-with the bundle's own chat template into what `rt.generate` takes, and decoding images (files or
-data: URLs) under a pixel limit, each checked before any model work so that a bad image fails here and
-not inside the model. Remote image URLs are refused: a bundle runs offline.
+with the bundle's own chat template into what `rt.generate` takes (message text tokenized as text: a
+control token's string in it stays characters), and decoding images (files or data: URLs) under a
+pixel limit, each checked before any model work so that a bad image fails here and not inside the
+model. Remote image URLs are refused: a bundle runs offline.
 """
 
 from __future__ import annotations
