@@ -115,6 +115,7 @@ def _add_serve(sub) -> None:
         "--max-request-pixels", type=int, default=32 * 2**20, help="all images of one request together, at most"
     )
     s.add_argument("--max-images", type=int, default=8, help="images per request, at most")
+    s.add_argument("--max-stops", type=int, default=4, help="stop strings per request, at most")
     s.add_argument("--max-stop-chars", type=int, default=1024, help="characters per stop string, at most")
     s.add_argument(
         "--parse-special",
@@ -205,7 +206,7 @@ def _serve(args) -> int:
         api_key=args.api_key if args.api_key is not None else os.environ.get("AOTPACK_API_KEY"),
         max_body_bytes=args.max_body_bytes, max_image_pixels=args.max_image_pixels,
         max_request_pixels=args.max_request_pixels, max_images=args.max_images, parse_special=args.parse_special,
-        max_stop_chars=args.max_stop_chars,
+        max_stops=args.max_stops, max_stop_chars=args.max_stop_chars,
         shutdown_grace=args.shutdown_grace, model_name=args.model_name,
         load=load_config(args, prefill_chunk=_prefill_chunk(args.prefill_chunk)),
     )  # fmt: skip

@@ -24,7 +24,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.errors import EngineClosedError, InvalidInputError, QueueFullError, RuntimeBusyError
-from runtime.serve.completion import TextStream, generate_options
+from runtime.serve.completion import TextStream, check_stops, generate_options
 from runtime.serve.config import ServeConfig
 from runtime.serve.messages import ImageBudget, chat_inputs, chat_messages, prompt_inputs
 from runtime.serve.metrics import Metrics
@@ -203,11 +203,8 @@ async def _respond(app: FastAPI, request: Request, body, build_inputs, kind: str
 def _submit(app: FastAPI, body, build_inputs):
     """Inputs, validation and queueing, in a worker thread: aotpack's errors become HTTP errors."""
     rt, config = app.state.rt, app.state.config
-    if body.stop and max(map(len, body.stop)) > config.max_stop_chars:
-        raise ServeError(
-            400, f"each stop string is at most {config.max_stop_chars} characters", "invalid_request_error"
-        )
     try:
+        check_stops(body.stop, config.max_stops, config.max_stop_chars)
         inputs = build_inputs(rt)
         options = generate_options(body, rt, inputs["input_ids"].shape[1])
         handle = rt.submit(**inputs, max_waiting=config.max_queue, **options)

@@ -12,7 +12,17 @@ from collections.abc import Iterator
 
 import torch
 
+from runtime.errors import InvalidInputError
 from runtime.text import stream_text
+
+
+def check_stops(stops: list[str] | None, max_stops: int, max_chars: int) -> None:
+    """The server's bounds on stop strings (--max-stops, --max-stop-chars): each is matched against the
+    reply's text at every token (a 1-million-character one took 16 s and 2.7 GB)."""
+    if stops and len(stops) > max_stops:
+        raise InvalidInputError(f"{len(stops)} stop strings; this server takes at most {max_stops}")
+    if stops and max(map(len, stops)) > max_chars:
+        raise InvalidInputError(f"each stop string is at most {max_chars} characters")
 
 
 def generate_options(request, rt, prompt_tokens: int) -> dict:

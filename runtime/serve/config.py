@@ -22,6 +22,7 @@ class ServeConfig:
     max_image_pixels: int = 16 * 2**20  # per decoded image; larger ones (decompression bombs) are refused
     max_request_pixels: int = 32 * 2**20  # all images of one request together, checked before any is decoded
     max_images: int = 8  # images per request
+    max_stops: int = 4  # stop strings per request (OpenAI's own bound)
     max_stop_chars: int = 1024  # per stop string (one of a million characters took 16 s and 2.7 GB to match)
     parse_special: bool = False  # control-token strings in message content act as control tokens (else text)
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish after SIGTERM

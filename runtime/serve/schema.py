@@ -57,8 +57,8 @@ class Sampling(BaseModel):
     @classmethod
     def _stops(cls, value):
         stops = [value] if isinstance(value, str) else value
-        if stops is not None and (len(stops) > 4 or not all(stops)):
-            raise ValueError("stop takes up to 4 non-empty strings")
+        if stops is not None and not all(stops):  # how many and how long: --max-stops, --max-stop-chars
+            raise ValueError("stop takes non-empty strings")
         return stops
 
     @field_validator("logprobs", "tools", "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty")

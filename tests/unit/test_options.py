@@ -84,3 +84,16 @@ def test_max_queue_zero_with_ray_is_refused_before_loading(tmp_path, capsys):
 
     assert main(["serve", str(tmp_path / "absent"), "--ray", "--max-queue", "0"]) == 2
     assert "--max-queue 0 (no request waits) has no Ray Serve equivalent" in capsys.readouterr().err
+
+
+def test_stop_strings_are_bounded_in_number_and_length():
+    """A 1-million-character stop string took 16 s and 2.7 GB to match; both bounds are the server's
+    flags (--max-stops, --max-stop-chars)."""
+    from runtime.serve.completion import check_stops
+
+    check_stops(["a", "b"], max_stops=2, max_chars=1)
+    check_stops(None, max_stops=0, max_chars=0)
+    with pytest.raises(InvalidInputError, match="3 stop strings; this server takes at most 2"):
+        check_stops(["a", "b", "c"], max_stops=2, max_chars=1)
+    with pytest.raises(InvalidInputError, match="each stop string is at most 1 characters"):
+        check_stops(["ab"], max_stops=2, max_chars=1)
