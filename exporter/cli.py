@@ -28,6 +28,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     e.add_argument("--out", type=Path, help="bundle directory (default: artifacts/<name>)")
     e.add_argument("--max-cache-len", type=int, default=2048, help="KV cache slots per row: prompt plus new tokens")
     e.add_argument("--batch-size", type=int, default=1, help="largest batch the bundle serves")
+    e.add_argument(
+        "--batch-buckets",
+        type=_int_list,
+        metavar="B,B,...",
+        help="the batches to compile a decode graph for, --batch-size among them (default: 1,2,4,... and "
+        "--batch-size); each costs a compile, and the engine steps the smallest covering the rows in use",
+    )
     e.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     e.add_argument("--device", default="cpu", help="cpu or cuda")
     e.add_argument("--cpu-isa", default="native", help="native (this CPU) or avx2 (portable x86-64)")
@@ -71,6 +78,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         "--llama-cpp-converter",
         type=Path,
         help="llama.cpp's convert_hf_to_gguf.py: adds llama.cpp (if llama_cpp is importable) as a system",
+    )
+    b.add_argument(
+        "--llama-server",
+        type=Path,
+        help="with --serve: llama.cpp's own server binary (cmake --build BUILD --target llama-server in the "
+        "llama-cpp-python sdist's vendor/llama.cpp), run with --parallel N on the same weights; needs "
+        "--llama-cpp-converter",
     )
     b.add_argument("--gemv", choices=("tune", "aten", "reduce"), default="tune", help="passed to aotpack export")
     b.add_argument(
@@ -131,6 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     return dispatch("aotpack", parser.parse_args(argv), handlers)
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,4,8") from None
+
+
 def _export(args) -> int:
     from exporter.config import ExportConfig
     from exporter.export import export
@@ -143,6 +164,7 @@ def _export(args) -> int:
         out=out,
         max_cache_len=args.max_cache_len,
         batch_size=args.batch_size,
+        batch_buckets=args.batch_buckets,
         dtype=args.dtype,
         device=args.device,
         force=args.force,
@@ -176,6 +198,7 @@ def _bench(args) -> int:
         dtypes=tuple(args.dtypes or _default_dtypes(args)),
         quantize=tuple(args.quantize),
         llama_cpp_converter=args.llama_cpp_converter,
+        llama_server=args.llama_server,
         gemv=args.gemv,
         prompt_len=args.prompt_len,
         new_tokens=args.new_tokens,

@@ -23,8 +23,9 @@ PRIVATE_SYMBOLS = (
     (configuration_utils, "get_head_shapes", ("config",)),
     ("transformers.integrations.sdpa_attention", "use_gqa_in_sdpa", ("attention_mask", "key", "value")),
     (CompileConfig, "_compile_all_devices", None),
-    (torch._inductor, "aoti_load_package", ("path",)),
-    (torch._inductor, "aoti_compile_and_package", ("exported_program", "package_path", "inductor_configs")),
+    (torch._inductor, "aot_compile", ("gm", "args", "kwargs", "options")),
+    ("torch._inductor.package", "package_aoti", ("archive_file", "aoti_files")),
+    ("torch._inductor.package", "load_package", ("path", "model_name")),
     (
         torch.ops.aten,
         "_scaled_dot_product_flash_attention_for_cpu",
@@ -70,16 +71,28 @@ def compile_on_cpu(config: CompileConfig) -> CompileConfig:
     return config
 
 
-def aoti_compile_and_package(exported, package: str, options: dict) -> str:
-    """Compile an exported program into a `.pt2` (AOTInductor's entry point lives in torch._inductor)."""
-    return torch._inductor.aoti_compile_and_package(exported, package_path=package, inductor_configs=options)
+def aoti_compile(exported, options: dict) -> list:
+    """Compile an exported program with AOTInductor into the files of one packaged model, as
+    `aoti_compile_and_package` does before packaging (its docstring's recipe for several models)."""
+    args, kwargs = exported.example_inputs
+    module = exported.module(check_guards=False)
+    return torch._inductor.aot_compile(module, args, kwargs, options=options | {"aot_inductor.package": True})
 
 
-def package_metadata_and_constants(package: str) -> tuple[dict, list[str]]:
-    """(metadata, constant names) of a freshly compiled package, through Inductor's Python loader (it
-    imports torch._inductor, which the exporter has loaded anyway)."""
+def aoti_package(package: str, models: dict[str, list]) -> str:
+    """Several compiled models in one `.pt2`, each under its name."""
+    from torch._inductor.package import package_aoti
+
+    return package_aoti(package, models)
+
+
+def package_metadata_and_constants(package: str, model_name: str) -> tuple[dict, list[str]]:
+    """(metadata, constant names) of one model of a freshly compiled package, through Inductor's Python
+    loader (it imports torch._inductor, which the exporter has loaded anyway)."""
+    from torch._inductor.package import load_package
+
     with float_environment_kept():
-        loaded = torch._inductor.aoti_load_package(package)
+        loaded = load_package(package, model_name)
     return loaded.get_metadata(), loaded.get_constant_fqns()
 
 

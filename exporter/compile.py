@@ -1,8 +1,12 @@
 """torch.export and AOTInductor: the only place that knows how the decode step becomes a `.so`.
 
-Owns: the export call, the example inputs and dynamic batch it traces with (both read off the
-signature, runtime.format.contract), and the Inductor options. Options are passed explicitly per call;
-nothing global is set.
+Owns: the export call, the example inputs and dynamic dimensions it traces with (both read off the
+signature, runtime.format.contract), the Inductor options, and packaging one graph per batch bucket
+into one `.pt2`. Options are passed explicitly per call; nothing global is set.
+
+Each AOTInductor graph has a static batch (its bucket): Inductor then generates its reductions for
+exactly that many rows, each weight vector loaded (and dequantized) once and multiplied into one
+accumulator per row, where a dynamic batch loops over rows around the weight. The span stays dynamic.
 """
 
 from __future__ import annotations
@@ -11,24 +15,26 @@ from pathlib import Path
 
 import torch
 
-from exporter.compat import aoti_compile_and_package, grouped_query_sdpa
+from exporter.compat import aoti_compile, aoti_package, grouped_query_sdpa
 from runtime.errors import ExportError
-from runtime.format.contract import BATCH, INPUT_NAMES, METADATA_KEY, SPAN, STEP_INPUTS, DecodeContract
+from runtime.format.contract import BATCH, INPUT_NAMES, METADATA_KEY, SPAN, STEP_INPUTS, DecodeContract, graph_name
 from runtime.model.cache import allocate
 
 
 @torch.no_grad()
-def export_decode(step, contract: DecodeContract):
-    """Trace `step` with the contract's example inputs (at the largest batch) and dynamic batch."""
+def export_decode(step, contract: DecodeContract, batch: int | None = None):
+    """Trace `step` for exactly `batch` rows, or for a dynamic batch (None: 1..batch_size, as decode.onnx
+    takes it), over a dynamic span."""
     with grouped_query_sdpa():
         return torch.export.export(
-            step, example_inputs(contract), dynamic_shapes=dynamic_shapes(contract), strict=False
+            step, example_inputs(contract, batch), dynamic_shapes=dynamic_shapes(contract, batch), strict=False
         )
 
 
-def example_inputs(contract: DecodeContract) -> tuple:
-    """Inputs to trace with, at the largest batch and span: a dimension traced at 1 would be specialised."""
-    batch, span, device = contract.batch_size, contract.max_cache_len, contract.device
+def example_inputs(contract: DecodeContract, batch: int | None = None) -> tuple:
+    """Inputs to trace with, at `batch` rows (None: the largest) and the largest span: a dynamic dimension
+    traced at 1 would be specialised."""
+    batch, span, device = batch or contract.batch_size, contract.max_cache_len, contract.device
     fixed = [
         torch.zeros(contract.shape(s, batch, span), dtype=getattr(torch, s.dtype), device=device) for s in STEP_INPUTS
     ]
@@ -37,11 +43,11 @@ def example_inputs(contract: DecodeContract) -> tuple:
     return (*fixed, *allocate(contract.layout, batch, getattr(torch, contract.dtype), device))
 
 
-def dynamic_shapes(contract: DecodeContract):
-    """The batch is dynamic (1..B) so one `.so` serves smaller batches, and so is the span (1..L), so one
-    `.so` attends to exactly the cache indices in use. A dimension whose largest size is 1 stays static:
-    export specialises a dimension traced at size 1 anyway."""
-    dims = {BATCH: contract.batch_size, SPAN: contract.max_cache_len}
+def dynamic_shapes(contract: DecodeContract, batch: int | None = None):
+    """The span is dynamic (1..L), so one graph attends to exactly the cache indices in use; the batch is
+    `batch` rows, or dynamic (1..B) where `batch` is None. A dimension whose largest size is 1 stays
+    static: export specialises a dimension traced at size 1 anyway."""
+    dims = {SPAN: contract.max_cache_len} | ({BATCH: contract.batch_size} if batch is None else {})
     dims = {name: torch.export.Dim(name, min=1, max=size) for name, size in dims.items() if size > 1}
 
     def spec(shape) -> dict | None:
@@ -52,7 +58,9 @@ def dynamic_shapes(contract: DecodeContract):
     return (*(spec(s.shape) for s in STEP_INPUTS), kv)
 
 
-def inductor_options(device: str, cpu_isa: str, contract: DecodeContract, quantized: bool = False) -> dict:
+def inductor_options(
+    device: str, cpu_isa: str, contract: DecodeContract, batch: int | None = None, quantized: bool = False
+) -> dict:
     """`quantized`: let the C++ compiler reassociate and fuse float arithmetic. A dequantizing reduction
     is bound by the latency of its one vector accumulator (an add every 8 weights); reassociation lets
     GCC split that chain, and the int8/int4 kernels read 30-70 % faster on AVX2 here (float GEMVs,
@@ -62,7 +70,7 @@ def inductor_options(device: str, cpu_isa: str, contract: DecodeContract, quanti
         "aot_inductor.package_constants_in_so": False,  # weights live once, in the bundle's safetensors
         "cpp.dynamic_threads": True,  # torch.set_num_threads governs the .so at run time
         # What the .so was compiled for, inside the .so: load() refuses a manifest that says otherwise.
-        "aot_inductor.metadata": {METADATA_KEY: contract.fingerprint()},
+        "aot_inductor.metadata": {METADATA_KEY: contract.fingerprint(batch)},
     }
     if device == "cpu" and quantized:
         options |= {"cpp.enable_unsafe_math_opt_flag": True, "cpp.enable_floating_point_contract_flag": "fast"}
@@ -71,11 +79,16 @@ def inductor_options(device: str, cpu_isa: str, contract: DecodeContract, quanti
     return options
 
 
-def compile_decode(exported, package: Path, options: dict) -> Path:
+def compile_graph(exported, options: dict) -> list:
+    """One graph compiled by AOTInductor: the files that go into the package under its name."""
     try:
-        path = aoti_compile_and_package(exported, str(package), options)
+        return aoti_compile(exported, options)
     except OSError as e:  # e.g. BlockingIOError: no process could be forked for the C++ compiler
         raise ExportError(
             f"the C++ compiler could not run ({type(e).__name__}: {e}); free memory or processes, then retry"
         ) from None
-    return Path(path)
+
+
+def package_graphs(compiled: dict[int, list], package: Path) -> Path:
+    """One `.pt2` holding each batch's compiled graph under runtime.format.contract.graph_name(batch)."""
+    return Path(aoti_package(str(package), {graph_name(batch): files for batch, files in compiled.items()}))

@@ -27,6 +27,9 @@ class ExportConfig:
     out: Path
     max_cache_len: int = 2048
     batch_size: int = 1
+    # The batches decode.pt2 has a graph for (each compiled with its own kernels): the engine steps the
+    # smallest that covers the rows in use. None: 1, 2, 4, ... below batch_size, and batch_size.
+    batch_buckets: tuple[int, ...] | None = None
     dtype: str = "float32"
     device: str = "cpu"
     force: bool = False
@@ -44,6 +47,7 @@ class ExportConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
                 raise ExportError(f"--{key.replace('_', '-')} must be an integer from 1 to {limit}, got {value!r}")
+        self._check_buckets()
         if self.max_cache_len < 2:
             raise ExportError(f"--max-cache-len {self.max_cache_len} leaves no room to decode; use at least 2")
         if self.dtype not in DTYPES:
@@ -82,6 +86,31 @@ class ExportConfig:
             raise ExportError(f"{out} exists and is not a directory; choose another --out")
         if any(out.iterdir()) and not (out / MANIFEST).is_file():
             raise ExportError(f"{out} is not an aotpack bundle (no {MANIFEST}); --force replaces bundles only")
+
+    def _check_buckets(self) -> None:
+        buckets = self.batch_buckets
+        if buckets is None:
+            return
+        if not buckets or not all(isinstance(b, int) and not isinstance(b, bool) for b in buckets):
+            raise ExportError(f"--batch-buckets must list integers, got {buckets!r}")
+        wrong = [b for b in buckets if not 1 <= b <= self.batch_size]
+        if wrong:
+            raise ExportError(
+                f"--batch-buckets {wrong[0]} is outside 1..--batch-size {self.batch_size}; list batches up to it"
+            )
+        if self.batch_size not in buckets:
+            raise ExportError(
+                f"--batch-buckets {','.join(map(str, buckets))} lacks --batch-size {self.batch_size}: every "
+                "bundle has a graph for all its rows; add it"
+            )
+        object.__setattr__(self, "batch_buckets", tuple(sorted(set(buckets))))
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The graphs' batches, ascending: as given, or the powers of two below batch_size and batch_size."""
+        if self.batch_buckets is not None:
+            return self.batch_buckets
+        return (*(1 << i for i in range(self.batch_size.bit_length()) if 1 << i < self.batch_size), self.batch_size)
 
     def _check_quantization(self) -> None:
         if self.quantize is not None and self.quantize not in METHODS:

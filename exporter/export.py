@@ -20,7 +20,7 @@ import transformers
 from exporter import attention as decode_attention
 from exporter.accuracy import accuracy, reference
 from exporter.compat import package_metadata_and_constants
-from exporter.compile import compile_decode, export_decode, inductor_options
+from exporter.compile import compile_graph, export_decode, inductor_options, package_graphs
 from exporter.config import ExportConfig
 from exporter.constants import constant_sources
 from exporter.landing import land, readable_by_all, signals_abort, staging_dir
@@ -35,9 +35,9 @@ from exporter.write import write_model
 from runtime.backends.aoti import CompiledDecode
 from runtime.backends.onnxruntime import OnnxRuntimeDecode
 from runtime.errors import ExportError
-from runtime.format.contract import INPUT_NAMES, DecodeContract
+from runtime.format.contract import INPUT_NAMES, DecodeContract, graph_name
 from runtime.format.files import DECODE, DECODE_ONNX, MANIFEST, sha256
-from runtime.format.manifest import AOTPACK_VERSION, FORMAT_VERSION, Manifest, Parity
+from runtime.format.manifest import AOTPACK_VERSION, FORMAT_VERSION, DecodeGraph, Manifest, Parity
 from runtime.format.signing import sign
 
 
@@ -70,45 +70,78 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     quantization = quantize_model(model, config.quant_spec) if config.quant_spec else None
     layout = cache_layout(model, config.max_cache_len)
     step = decode_module(model, layout)
-    message = (
-        f"exporting the decode step of {type(model).__name__} ({len(layout)} layers, cache {config.max_cache_len})"
-    )
     contract = DecodeContract(layout, config.batch_size, config.max_cache_len, config.dtype, config.device)
-    options = inductor_options(config.device, config.cpu_isa, contract, quantized=quantization is not None)
+    quantized = quantization is not None
+    options = inductor_options(config.device, config.cpu_isa, contract, quantized=quantized)
     kernel = _attention(model, config, attention, options, progress)
-    with stage("trace", message), decode_attention.installed(model, kernel):
-        exported = export_decode(step, contract)
-    lowerings = _lowerings(config, weight_shapes(exported), options, progress)
-    with stage("compile", "compiling with AOTInductor"):
-        package = compile_decode(lower(exported, lowerings), staging / DECODE, options)
+    graphs, files = [], {}
+    for batch in config.buckets:  # in turn: each C++ compile already uses every core
+        graph, files[batch] = _compile_graph(config, model, step, contract, kernel, batch, quantized, progress)
+        graphs.append(graph)
+    package = package_graphs(files, staging / DECODE)
     with stage("write", "writing weights, tokenizer and configs"):
         aliases = write_model(model, preprocessor, staging)
         manifest = _draft_manifest(config, model, step, layout, package, aliases)
     manifest = replace(
-        manifest, attn_implementation=attention, quantization=quantization, lowerings=lowerings,
+        manifest, attn_implementation=attention, quantization=quantization, graphs=tuple(graphs),
         decode_attention=kernel,
     )  # fmt: skip
     if config.onnx:
         with stage("onnx", "exporting the decode step to ONNX (decode.onnx) for ONNX Runtime"):
             manifest = replace(manifest, onnx=export_onnx(model, layout, contract, staging, aliases))
-    with stage("parity", "checking parity against eager generate"):
-        decodes = {"compiled decode": CompiledDecode(package, model, manifest)}
-        if config.onnx:
-            decodes["ONNX decode"] = OnnxRuntimeDecode(staging / DECODE_ONNX, model, manifest)
-        reports = check_parity(model, decodes, contract, tokenizer, config.parity_steps)
-    parity = reports["compiled decode"]
+    with stage("parity", "checking parity against eager generate, each graph at its batch"):
+        manifest = _parity(config, staging, manifest, model, tokenizer, package, contract)
+    return _finish(config, staging, manifest, model, ref, start)
+
+
+def _compile_graph(config, model, step, contract, kernel, batch: int, quantized: bool, progress: Progress):
+    """The decode graph for exactly `batch` rows: traced, its GEMV kernels chosen for that batch, compiled.
+    Returns (its manifest entry, parity still to check; the compiled files)."""
+    start, stage = time.perf_counter(), progress.stage
+    options = inductor_options(config.device, config.cpu_isa, contract, batch, quantized)
+    message = f"exporting the batch-{batch} decode step of {type(model).__name__} ({len(contract.layout)} layers, "
+    with stage("trace", message + f"cache {config.max_cache_len})"), decode_attention.installed(model, kernel):
+        exported = export_decode(step, contract, batch)
+    lowerings = _lowerings(config, weight_shapes(exported), options, batch, progress)
+    with stage("compile", f"compiling with AOTInductor: the batch-{batch} graph"):
+        files = compile_graph(lower(exported, lowerings), options)
+    seconds = round(time.perf_counter() - start, 1)
+    return DecodeGraph(batch, lowerings, Parity(0, 0.0, 0.0, False), seconds), files
+
+
+def _parity(config, staging: Path, manifest: Manifest, model, tokenizer, package: Path, contract) -> Manifest:
+    """Every graph against eager generate with as many rows as it steps; the ONNX decode at two rows.
+    The manifest's `parity` is all of them together."""
+    compiled = CompiledDecode(package, model, manifest)
+    graphs = []
+    for graph in manifest.graphs:
+        name = f"compiled decode (batch {graph.batch})"
+        report = check_parity(model, {name: compiled}, contract, tokenizer, config.parity_steps, graph.batch)[name]
+        graphs.append(replace(graph, parity=report))
+    reports = [g.parity for g in graphs]
     if config.onnx:
-        manifest = replace(manifest, onnx=replace(manifest.onnx, parity=reports["ONNX decode"]))
-    return _finish(config, staging, manifest, parity, model, ref, start)
+        onnx = OnnxRuntimeDecode(staging / DECODE_ONNX, model, manifest)
+        rows = min(config.batch_size, 2)
+        report = check_parity(model, {"ONNX decode": onnx}, contract, tokenizer, config.parity_steps, rows)
+        manifest = replace(manifest, onnx=replace(manifest.onnx, parity=report["ONNX decode"]))
+    return replace(manifest, graphs=tuple(graphs), parity=_together(reports))
 
 
-def _finish(config, staging: Path, manifest: Manifest, parity, model, ref, start: float) -> Manifest:
-    """The manifest's last fields: every file's hash, parity, accuracy and timings."""
+def _together(reports: list[Parity]) -> Parity:
+    return Parity(
+        steps=sum(r.steps for r in reports),
+        max_abs_logit_diff=max(r.max_abs_logit_diff for r in reports),
+        tolerance=min(r.tolerance for r in reports),
+        tokens_match=all(r.tokens_match for r in reports),
+    )
+
+
+def _finish(config, staging: Path, manifest: Manifest, model, ref, start: float) -> Manifest:
+    """The manifest's last fields: every file's hash, accuracy and timings."""
     files = {p.name: sha256(p) for p in sorted(staging.iterdir()) if p.is_file()}
     manifest = replace(
         manifest,
         files=files,
-        parity=parity,
         accuracy=accuracy(model, ref) if ref else None,
         build_seconds=round(time.perf_counter() - start, 2),
         built_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -127,17 +160,17 @@ def _attention(model, config: ExportConfig, attention: str, options: dict, progr
         )
 
 
-def _lowerings(config: ExportConfig, shapes, options: dict, progress: Progress):
+def _lowerings(config: ExportConfig, shapes, options: dict, batch: int, progress: Progress):
     dtype = getattr(torch, config.dtype)
     if config.gemv != "tune":
         return fixed(shapes, dtype, config.gemv)
-    with progress.stage("tune", "timing each weight shape's GEMV candidates on this machine"):
-        return tune(shapes, dtype, config.device, options, progress.log)
+    with progress.stage("tune", f"timing each weight shape's GEMV candidates at batch {batch} on this machine"):
+        return tune(shapes, dtype, config.device, options, batch, progress.log)
 
 
 def _draft_manifest(config: ExportConfig, model, step, layout, package: Path, aliases: dict[str, str]) -> Manifest:
     """Everything but the file hashes, timings, parity and accuracy, which come last."""
-    metadata, names = package_metadata_and_constants(str(package))
+    metadata, names = package_metadata_and_constants(str(package), graph_name(config.buckets[0]))
     constants = constant_sources(step, model, names, aliases)
     return Manifest(
         format_version=FORMAT_VERSION,
@@ -160,7 +193,7 @@ def _draft_manifest(config: ExportConfig, model, step, layout, package: Path, al
         constants=constants,
         weight_aliases=aliases,
         quantization=None,
-        lowerings=(),
+        graphs=(),
         decode_attention=None,
         accuracy=None,
         files={},

@@ -19,8 +19,10 @@ or bytes, whichever the CPU's vector loads favour; runtime.quant.int4: one word 
 need layouts of their own (a second copy) and were slower on the 262144x640 shape here anyway
 (`_weight_int8pack_mm` 17.5 ms against 15.0, `_weight_int4pack_mm_for_cpu` 13.2 ms against 12.9).
 
-All lowerings put the weight rows outermost (output (rows, batch), transposed at the end), so that a
-batch larger than one re-reads each weight row from L1 rather than the whole weight from memory.
+All lowerings put the weight rows outermost (output (rows, batch), transposed at the end), and reduce
+each activation row as its own sum over the same weight (runtime.quant.kernels.each_row): in a graph of
+static batch B, Inductor fuses the B sums so that each weight vector is loaded once, and converted or
+dequantized once, for all B rows. Each graph's candidates are timed at its own batch.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from runtime.compat import float_environment_kept
 from runtime.format.manifest import Lowering
 from runtime.format.quant import WORD_FIELDS, QuantSpec
 from runtime.quant import SCHEMES
-from runtime.quant.kernels import activations, rows_outer
+from runtime.quant.kernels import activations, each_row, rows_outer
 
 LINEAR = "linear"
 _ATEN = torch.ops.aten.linear.default
@@ -47,8 +49,8 @@ def aten_linear(x, w, b=None):
 
 
 def reduce_linear(x, w, b=None):
-    x2 = activations(x)  # (B, K)
-    y = rows_outer((w.float()[:, None, :] * x2[None]).sum(-1), x)  # weight (N, 1, K) * x (1, B, K)
+    x2, wf = activations(x), w.float()  # (B, K), (N, K)
+    y = rows_outer(each_row(lambda row: (wf * row).sum(-1), x2), x)  # (N, K) * (K,) per row
     return y + b if b is not None else y
 
 
@@ -87,9 +89,9 @@ def weight_shapes(exported) -> list[WeightShape]:
     return shapes
 
 
-def _example(shape: WeightShape, rows: int, dtype: torch.dtype, device: str) -> tuple:
-    """Random operands for timing: x (1, 1, K) and the tensors of a (rows, K) weight of shape's kind."""
-    x = torch.randn(1, 1, shape.cols, device=device).to(dtype)
+def _example(shape: WeightShape, rows: int, dtype: torch.dtype, device: str, batch: int = 1) -> tuple:
+    """Random operands for timing: x (batch, 1, K) and the tensors of a (rows, K) weight of shape's kind."""
+    x = torch.randn(batch, 1, shape.cols, device=device).to(dtype)
     if shape.op == LINEAR:
         return x, torch.randn(rows, shape.cols, device=device).to(dtype)
     scheme, spec = SCHEMES[shape.op], QuantSpec(shape.op, shape.group_size)
@@ -129,13 +131,13 @@ def fixed(shapes: list[WeightShape], dtype: torch.dtype, family: str) -> tuple[L
 
 @torch.inference_mode()
 def tune(
-    shapes: list[WeightShape], dtype: torch.dtype, device: str, inductor_options: dict, log=print
+    shapes: list[WeightShape], dtype: torch.dtype, device: str, inductor_options: dict, batch: int, log=print
 ) -> tuple[Lowering, ...]:
-    """Time every candidate of every shape at batch 1 and keep the fastest. Each candidate is compiled
-    with the bundle's own Inductor options (`aten` compiles to the same extern mm the graph calls)."""
+    """Time every candidate of every shape at the graph's `batch` and keep the fastest. Each candidate is
+    compiled with the graph's own Inductor options (`aten` compiles to the same extern mm the graph calls)."""
     lowerings = []
     for shape in shapes:
-        args = _example(shape, _timed_rows(shape, dtype), dtype, device)
+        args = _example(shape, _timed_rows(shape, dtype), dtype, device, batch)
         rates = {}
         for name, fn in CANDIDATES[shape.op].items():
             torch.compiler.reset()  # each candidate is a fresh compile, not a recompile of the last one
@@ -143,7 +145,8 @@ def tune(
             with float_environment_kept():  # its .so is loaded on the first call
                 rates[name] = round(_weight_bytes(args) / median_seconds(compiled, *args, repeats=7) / 1e9, 2)
         chosen = max(rates, key=rates.get)
-        log(f"GEMV {shape.op} {shape.rows}x{shape.cols}: " + ", ".join(f"{k} {v} GB/s" for k, v in rates.items()))
+        timed = ", ".join(f"{k} {v} GB/s" for k, v in rates.items())
+        log(f"GEMV {shape.op} {shape.rows}x{shape.cols} at batch {batch}: {timed}")
         lowerings.append(Lowering(shape.op, shape.rows, shape.cols, str(dtype).removeprefix("torch."), chosen, rates))
     return tuple(lowerings)
 

@@ -37,12 +37,10 @@ def parity_prompt(tokenizer, batch: int, max_len: int, device) -> tuple[torch.Te
 
 
 @torch.inference_mode()
-def check_parity(model, decodes: dict, contract: DecodeContract, tokenizer, steps: int) -> dict[str, Parity]:
-    """Each of `decodes` ({name in the error: decode}) against one eager generate, teacher-forced;
-    returns each one's report, or raises for the first that fails."""
-    ids, mask = parity_prompt(
-        tokenizer, min(contract.batch_size, 2), max(1, contract.max_cache_len // 2), contract.device
-    )
+def check_parity(model, decodes: dict, contract: DecodeContract, tokenizer, steps: int, rows: int) -> dict[str, Parity]:
+    """Each of `decodes` ({name in the error: decode}) against one eager generate of a left-padded batch
+    of `rows` rows, teacher-forced; returns each one's report, or raises for the first that fails."""
+    ids, mask = parity_prompt(tokenizer, rows, max(1, contract.max_cache_len // 2), contract.device)
     steps = min(steps, contract.max_cache_len - ids.shape[1])  # leave room to decode
     ref = model.generate(
         input_ids=ids,

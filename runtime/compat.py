@@ -90,12 +90,13 @@ def _flushes_subnormals() -> bool:
     return torch.tensor([1e-40], dtype=torch.float32).mul(1.0).item() == 0.0  # 1e-40 is subnormal in fp32
 
 
-def load_aoti_package(path: str):
-    """The C++ AOTInductor package loader. `torch._inductor.aoti_load_package` wraps the same object but
-    first imports torch._inductor and torch._dynamo, about 3 s of start-up that loading never needs.
-    Positional arguments (checked on torch 2.13): model name, run single-threaded, thread count, device index."""
+def load_aoti_package(path: str, model_name: str):
+    """The C++ AOTInductor package loader, for one model of the package. `torch._inductor.package.load_package`
+    wraps the same object but first imports torch._inductor and torch._dynamo, about 3 s of start-up that
+    loading never needs. Positional arguments (checked on torch 2.13): model name, run single-threaded,
+    thread count, device index."""
     with float_environment_kept():
-        return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
+        return torch._C._aoti.AOTIModelPackageLoader(path, model_name, False, 1, -1)
 
 
 def lend_constants(loader, tensors: dict[str, torch.Tensor]) -> None:

@@ -22,6 +22,10 @@ from exporter.presets import build_preset  # noqa: E402
 MAX_CACHE_LEN = 160
 BATCH = 4
 DEFAULT_OPTIONS = ("--gemv", "aten", "--onnx")
+# One decode graph per batch bucket costs one compile each: shared bundles have one graph for all 4
+# rows unless a test asks for more (tests/bundle/test_buckets.py); the VLM's has two, so its image
+# requests run through a batch-1 graph and a batch-4 one.
+BUCKETS = {"tiny-gemma3-vlm": "1,4"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,12 +49,15 @@ def bundle(tmp_path_factory, checkpoint):
 
     Without options the decode step keeps ATen's GEMV (`--gemv aten`): a fused-reduction decode graph
     takes about 2.5x longer to compile, so only the bundles that test those kernels pay for them. And it
-    carries the ONNX decode too (`--onnx`, seconds beside the compile), which `onnx_runtime` loads."""
+    carries the ONNX decode too (`--onnx`, seconds beside the compile), which `onnx_runtime` loads.
+    Unless the options say `--batch-buckets`, it has the graphs of BUCKETS (one for all rows by default)."""
 
     def export(name: str, *options: str):
         out = tmp_path_factory.mktemp(f"bundle-{name}") / "bundle"
         args = ["export", str(checkpoint(name)), "--out", str(out), "--max-cache-len", str(MAX_CACHE_LEN)]
         options = options or DEFAULT_OPTIONS
+        if "--batch-buckets" not in options:
+            options = (*options, "--batch-buckets", BUCKETS.get(name, str(BATCH)))
         assert aotpack(args + ["--batch-size", str(BATCH), *options]) == 0
         return out
 

@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -175,3 +176,14 @@ def in_fresh_thread(body):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+@contextmanager
+def graphs_stepped(rt):
+    """The batch of each compiled graph the runtime's decode steps inside the block, in order."""
+    stepped, runs = [], rt.decode._runs
+    rt.decode._runs = {b: (lambda inputs, b=b, run=run: stepped.append(b) or run(inputs)) for b, run in runs.items()}
+    try:
+        yield stepped
+    finally:
+        rt.decode._runs = runs

@@ -29,6 +29,7 @@ class BenchConfig:
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
     quantize: tuple[str, ...] = ()  # extra variants: weight-only int8/int4 bundles with float32 activations
     llama_cpp_converter: Path | None = None  # llama.cpp's convert_hf_to_gguf.py (in the llama-cpp-python sdist)
+    llama_server: Path | None = None  # with serve: llama.cpp's llama-server binary, run with --parallel N
     gemv: str = "tune"  # passed to `aotpack export --gemv`
     prompt_len: int = 32
     new_tokens: int = 64
@@ -86,6 +87,21 @@ class BenchConfig:
             raise BenchError(
                 f"--llama-cpp-converter {self.llama_cpp_converter} is not a file; it is "
                 "vendor/llama.cpp/convert_hf_to_gguf.py in the llama-cpp-python sdist"
+            )
+
+        self._check_llama_server()
+
+    def _check_llama_server(self) -> None:
+        if self.llama_server is None:
+            return
+        if not self.serve:
+            raise BenchError("--llama-server is a server to compare: add --serve and --streams N")
+        if self.llama_cpp_converter is None:
+            raise BenchError("--llama-server runs a GGUF of the same weights: add --llama-cpp-converter")
+        if not os.access(self.llama_server, os.X_OK) or not Path(self.llama_server).is_file():
+            raise BenchError(
+                f"--llama-server {self.llama_server} is not an executable file; build it with `cmake --build "
+                "BUILD --target llama-server` in the llama-cpp-python sdist's vendor/llama.cpp"
             )
 
     @property

@@ -3,8 +3,10 @@
 Owns: starting each server as a process of its own on a free 127.0.0.1 port, timing the first token of
 the first request from the moment the process was spawned (cold start: imports, loading, and for
 `--compile` whatever compiling the first request triggers), then N concurrent streaming clients (the
-official `openai` client, `/v1/completions`) and their aggregate tokens/s, and serve.md / serve.json with a verdict per
-target of the serving issue. Every server gets the same prompts, greedy, the same token budget.
+official `openai` client, `/v1/completions`) and their aggregate tokens/s, and serve.md / serve.json with a
+verdict per target of the serving issue. Every server gets the same prompts, greedy, the same token budget;
+with `--llama-server`, llama.cpp's own server runs beside them (`--parallel N`, the same weights as a
+GGUF at the bundle's precision, each slot a cache as long as the bundle's).
 This is a benchmark, not a test: nothing here asserts a speed.
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from exporter.bench.build import export_variant, machine
 from exporter.bench.config import BenchConfig
+from exporter.bench.llama_cpp import GGUF_TYPE, gguf_for
 from exporter.bench.report import verdict_of
 from exporter.source import checkpoint_dir
 
@@ -36,7 +39,13 @@ TARGETS = (
     ("cold start ≥ 10× shorter than transformers serve --compile", "cold_vs_compile", (">=", 10.0)),
     ("cold start ≤ transformers serve's (no compile)", "cold_vs_plain", ("<=", 1.0)),
     ("aggregate tokens/s, N clients ≥ 1.5× transformers serve --continuous-batching", "tps_vs_cb", (">=", 1.5)),
+    ("aggregate tokens/s, N clients ≥ 1.0× llama-server --parallel N", "tps_vs_llama_server", (">=", 1.0)),
 )
+LLAMA_SERVER = "llama-server"
+
+
+class ServerCrashed(RuntimeError):
+    """The server process ended before it answered."""
 
 
 def _free_port() -> int:
@@ -59,6 +68,15 @@ def _command(name: str, path: Path, port: int, config: BenchConfig, dtype: str) 
     flags = ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", dtype]
     script = Path(sys.executable).parent / "transformers"  # transformers' console script, beside this python
     return [str(script), "serve", str(path), *flags, *HF_SERVERS[name]]
+
+
+def llama_server_command(config: BenchConfig, gguf: Path, port: int) -> list[str]:
+    """llama.cpp's server with N slots, each of the bundle's cache length (-c is all slots' tokens)."""
+    n, threads = config.streams, str(config.threads)
+    return [
+        str(config.llama_server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        "-t", threads, "-tb", threads, "--parallel", str(n), "-c", str(n * config.max_cache_len),
+    ]  # fmt: skip
 
 
 def _ask(url: str, model: str, prompt: str, new_tokens: int) -> tuple[float, float, int, str]:
@@ -93,7 +111,7 @@ def _first_answer(url: str, model: str, prompt: str, new_tokens: int, spawned: f
     while True:
         if proc.poll() is not None:
             log.seek(0)
-            raise RuntimeError(f"server exited with {proc.returncode}: {log.read()[-2000:]}")
+            raise ServerCrashed(f"server exited with {proc.returncode}: {log.read()[-2000:]}")
         try:
             return _ask(url, model, prompt, new_tokens)[0] - spawned
         except APIStatusError as e:
@@ -148,9 +166,20 @@ def bench_serve(config: BenchConfig, log=print) -> dict:
             _command(name, checkpoint, port, config, variant),
             str(checkpoint),
         )
+    if config.llama_server is not None:
+        servers[LLAMA_SERVER] = lambda bundle, checkpoint, port: _llama_server(config, variant, checkpoint, port)
     results = run_servers(config, servers, "aotpack-serve-", log)
     write_serve_report(results, config.out)
     return results
+
+
+def _llama_server(config: BenchConfig, variant: str, checkpoint: Path, port: int):
+    """llama-server on the variant's GGUF. Its repacked weight buffers (AMX, interleaved quants) crashed
+    it with SIGILL on the AMX Xeon here, as they crash llama-cpp-python (exporter.bench.worker): if it
+    dies, it is run again with `--no-repack` (`fallback`), and the result says so."""
+    gguf = gguf_for(checkpoint, variant, config.llama_cpp_converter, Path(config.out) / "gguf")
+    extra = {"weights": GGUF_TYPE[variant], "fallback": lambda port: [*llama_server_command(config, gguf, port), "-nr"]}
+    return llama_server_command(config, gguf, port), gguf.name, extra
 
 
 def run_servers(config: BenchConfig, servers: dict, prefix: str, log) -> dict:
@@ -162,13 +191,24 @@ def run_servers(config: BenchConfig, servers: dict, prefix: str, log) -> dict:
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp, checkpoint_dir(config.model) as checkpoint:
         bundle = Path(tmp) / "bundle"
         log(f"[{variant}] exporting a bundle with {config.streams} cache rows")
-        results["build_s"] = export_variant(checkpoint, bundle, variant, 512, config.gemv, batch=config.streams)
+        results["build_s"] = export_variant(
+            checkpoint, bundle, variant, config.max_cache_len, config.gemv, batch=config.streams
+        )
         for name, launch in servers.items():
             log(f"[{variant}] {name}: cold start, then {config.streams} concurrent streaming clients")
             port = _free_port()
             command, model, *extra = launch(bundle, Path(checkpoint), port)
-            result = measure_server(name, command, port, config, model=model)
-            results["servers"].append(result | (extra[0] if extra else {}))
+            extra = dict(extra[0]) if extra else {}
+            fallback = extra.pop("fallback", None)
+            try:
+                result = measure_server(name, command, port, config, model=model)
+            except ServerCrashed as e:
+                if fallback is None:
+                    raise
+                log(f"[{variant}] {name} crashed ({str(e).splitlines()[0]}); running it again with its fallback")
+                port = _free_port()
+                result = measure_server(name, fallback(port), port, config, model=model) | {"fallback": True}
+            results["servers"].append(result | extra)
     return results
 
 
@@ -180,6 +220,7 @@ def figures(results: dict) -> dict:
         / ours["cold_start_first_token_s"],
         "cold_vs_plain": ours["cold_start_first_token_s"] / by["transformers serve"]["cold_start_first_token_s"],
         "tps_vs_cb": ours["tokens_per_s"] / by["transformers serve --continuous-batching"]["tokens_per_s"],
+        "tps_vs_llama_server": ours["tokens_per_s"] / by[LLAMA_SERVER]["tokens_per_s"] if LLAMA_SERVER in by else None,
         "same_text_as_plain": _agree(ours, by["transformers serve"]),
         "plain_same_as_cb": _agree(by["transformers serve"], by["transformers serve --continuous-batching"]),
     }
@@ -193,7 +234,8 @@ def _agree(a: dict, b: dict) -> int:
 def markdown(results: dict) -> str:
     f, cfg = figures(results), results["config"]
     rows = [
-        f"| {s['server']} | {s['cold_start_first_token_s']:.1f} | {s['tokens_per_s']:.1f} | {s['ttft_p50_s']:.2f} |"
+        f"| {s['server']}{' (`-nr`: it crashed with repacking)' if s.get('fallback') else ''} | "
+        f"{s['cold_start_first_token_s']:.1f} | {s['tokens_per_s']:.1f} | {s['ttft_p50_s']:.2f} |"
         for s in results["servers"]
     ]
     lines = [
@@ -210,7 +252,11 @@ def markdown(results: dict) -> str:
         "",
         "| target | measured | verdict |",
         "|---|---|---|",
-        *(f"| {label} | {f[key]:.2f}× | {verdict_of(f[key], bound)} |" for label, key, bound in TARGETS),
+        *(
+            f"| {label} | {f[key]:.2f}× | {verdict_of(f[key], bound)} |"
+            for label, key, bound in TARGETS
+            if f[key] is not None
+        ),
     ]
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,8 @@
 """`aotpack bench --streams N`: continuous batching on one bundle, in a fresh process.
 
 Owns: the concurrency measurement. One loaded bundle serves 1 stream, then N streams at once, then
-N - 1 streams while a long prompt is admitted, whole and in chunks. Token times are the engine's own
+N - 1 streams while a long prompt is admitted, whole and in chunks; and each of its decode graphs (one
+per batch bucket) is timed called directly, all its rows decoding. Token times are the engine's own
 (runtime.engine.handle: when each step's tokens were produced), so the caller's threads add nothing.
 
 - aggregate tokens/s: tokens produced while all N streams decode, over that time;
@@ -82,6 +83,17 @@ def admission(rt, prompts, long_prompt, new_tokens: int, chunk: int | None) -> d
     }
 
 
+def graph_steps(rt, position: int) -> list[dict]:
+    """Each graph's step over all its rows, called directly (ms), and per row-token."""
+    from exporter.bench.worker import direct_step_ms
+
+    steps = []
+    for batch in rt.manifest.batches:
+        ms = direct_step_ms(rt, position, batch=batch)
+        steps.append({"batch": batch, "step_ms": ms, "ms_per_row": ms / batch})
+    return steps
+
+
 def measure(args) -> dict:
     from runtime import LoadConfig, load
 
@@ -94,6 +106,8 @@ def measure(args) -> dict:
         "dtype": rt.manifest.dtype,
         "quantization": rt.manifest.quantization.method if rt.manifest.quantization else None,
         "rows": rt.manifest.batch_size,
+        "max_cache_len": rt.manifest.max_cache_len,
+        "graphs": graph_steps(rt, args.prompt_len + args.new_tokens // 2),
         "one": concurrent(rt, prompts[:1], args.new_tokens),
         "many": concurrent(rt, prompts, args.new_tokens),
         "admission": [

@@ -168,17 +168,18 @@ def _decode_ms(stamps: list[Stamps]) -> float:
     return statistics.median(steps) * 1e3
 
 
-def direct_step_ms(rt, position: int, steps: int = 20) -> float:
-    """The decode step called directly from this thread, one row standing at `position` (the span a
-    request there attends to): what the engine's per-token time is compared with."""
+def direct_step_ms(rt, position: int, steps: int = 20, batch: int = 1) -> float:
+    """The decode step called directly from this thread over `batch` rows (a graph's batch), each
+    standing at `position` (the span a request there attends to): what the engine's per-token time is
+    compared with, and each batch bucket's cost."""
     import torch
 
     from runtime.model.positions import RowPositions
 
-    rows = RowPositions(1, rt.contract.max_cache_len, rt.contract.device)
-    rows.place(slice(0, 1), torch.ones(1, position + 1, dtype=torch.long), position)
-    rows.advance(torch.ones(1, dtype=torch.bool))
-    inputs, kv, token = rows.inputs(1), [t[:1] for t in rt.kv], torch.tensor([[17]])
+    rows = RowPositions(batch, rt.contract.max_cache_len, rt.contract.device)
+    rows.place(slice(0, batch), torch.ones(batch, position + 1, dtype=torch.long), position)
+    rows.advance(torch.ones(batch, dtype=torch.bool))
+    inputs, kv, token = rows.inputs(batch), [t[:batch] for t in rt.kv], torch.full((batch, 1), 17)
     times = []
     with torch.inference_mode():
         for _ in range(steps + WARMUP_STEPS):

@@ -1,9 +1,10 @@
 """The `aoti` backend: the compiled single-token decode step, loaded from the bundle's `.pt2`.
 
 Owns: whether this process can run the `.so` (the torch build it was compiled with, the device, the
-CPU ISA), loading the AOTInductor package from a private copy of its verified bytes, checking it was
-compiled for the manifest's signature, lending it the eager model's weight tensors (no second copy),
-and calling it. AOTInductor validates nothing and only warns on a mismatched ISA, so every check here
+CPU ISA), loading each batch bucket's graph from a private copy of the package's verified bytes,
+checking each was compiled for the manifest's signature at its batch, lending every graph the same
+eager weight tensors (one copy of the weights, however many graphs), and calling the graph whose batch
+the inputs have. AOTInductor validates nothing and only warns on a mismatched ISA, so every check here
 runs before native code does, and every call is checked against the contract (runtime.backends.checks).
 """
 
@@ -22,41 +23,47 @@ from runtime import compat
 from runtime.backends.base import Backend
 from runtime.backends.checks import check_step_inputs, lend_constants
 from runtime.errors import BundleError, IncompatibleBundleError
-from runtime.format.contract import DecodeContract
+from runtime.format.contract import DecodeContract, graph_name
 from runtime.format.files import DECODE, read_verified
 from runtime.format.manifest import Manifest
 
 
 class CompiledDecode:
     """The compiled step, called through the bundle's DecodeContract:
-    input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab)."""
+    input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab),
+    where b is one of `batches` (a graph each)."""
 
     def __init__(self, package: Path, model: nn.Module, manifest: Manifest, sha256: str | None = None):
         """`sha256`: what the package's bytes must hash to (the manifest's entry); the loaded code is then
         exactly the verified bytes, even if the bundle's file is replaced meanwhile."""
         self.contract = DecodeContract.of(manifest)
+        self.batches = manifest.batches
         constants = lend_constants(model, manifest.constants, manifest.device)
         with _private_copy(Path(package), sha256) as private:
-            try:
-                self._loader = compat.load_aoti_package(str(private))
-            except RuntimeError as e:  # a damaged package whose hash was recomputed, a missing symbol
-                raise BundleError(
-                    f"{Path(package).name} could not be loaded ({str(e)[:300]}); re-export the bundle"
-                ) from None
-        self.contract.check_package(self._loader.get_metadata())  # before any native call
-        expected = set(self._loader.get_constant_fqns())
+            self._loaders = {b: self._open_graph(private, Path(package).name, b, constants) for b in self.batches}
+        self._runs = {b: loader.run for b, loader in self._loaders.items()}  # flat inputs: no pytree per step
+
+    def _open_graph(self, private: Path, name: str, batch: int, constants: dict):
+        try:
+            loader = compat.load_aoti_package(str(private), graph_name(batch))
+        except RuntimeError as e:  # a damaged package whose hash was recomputed, a missing graph or symbol
+            raise BundleError(
+                f"{name} could not be loaded for batch {batch} ({str(e)[:300]}); re-export the bundle"
+            ) from None
+        self.contract.check_package(loader.get_metadata(), name, batch)  # before any native call
+        expected = set(loader.get_constant_fqns())
         if expected != set(constants):
             raise BundleError(
-                f"compiled decode expects constants {sorted(expected - set(constants))[:5]} the manifest does "
-                "not provide; the bundle is inconsistent, re-export it"
+                f"compiled decode (batch {batch}) expects constants {sorted(expected - set(constants))[:5]} the "
+                "manifest does not provide; the bundle is inconsistent, re-export it"
             )
-        compat.lend_constants(self._loader, constants)  # user-managed: one copy of every weight
-        self._run = self._loader.run  # flat inputs: no per-step pytree flattening
+        compat.lend_constants(loader, constants)  # user-managed: every graph holds the same tensors
+        return loader
 
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> torch.Tensor:
         inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
-        check_step_inputs(self.contract, inputs)
-        return self._run(inputs)[0]
+        check_step_inputs(self.contract, inputs, self.batches)
+        return self._runs[input_ids.shape[0]](inputs)[0]
 
 
 @contextmanager

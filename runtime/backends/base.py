@@ -15,6 +15,7 @@ from runtime.errors import BundleError, IncompatibleBundleError
 
 class Decode(Protocol):
     contract: object  # runtime.format.contract.DecodeContract
+    batches: tuple[int, ...]  # the row counts it steps, ascending: a graph each, or every 1..batch_size
 
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list) -> object:
         """input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab) fp32."""
@@ -42,6 +43,11 @@ class Backend:
 
     def open(self, bundle: Path, model, manifest, config) -> Decode:
         raise NotImplementedError
+
+
+def every_batch(contract) -> tuple[int, ...]:
+    """The batches of a step with a dynamic batch: any of 1..batch_size."""
+    return tuple(range(1, contract.batch_size + 1))
 
 
 def check_device(device: str) -> None:

@@ -14,9 +14,10 @@ from runtime.errors import BundleError, InvalidInputError
 from runtime.format.contract import INPUT_NAMES, STEP_INPUTS, DecodeContract
 
 
-def check_step_inputs(contract: DecodeContract, inputs: list) -> None:
+def check_step_inputs(contract: DecodeContract, inputs: list, batches: tuple[int, ...] | None = None) -> None:
     """Refuse anything the compiled step would misread: count, type, shape, dtype, device, layout,
-    and a cache position outside the cache."""
+    and a cache position outside the cache. `batches`: the only batches the step has a graph for
+    (None: any of 1..batch_size)."""
     if len(inputs) != len(STEP_INPUTS) + 2 * len(contract.layout):
         raise InvalidInputError(
             f"the compiled decode takes {len(STEP_INPUTS)} inputs and {2 * len(contract.layout)} KV tensors, "
@@ -27,6 +28,12 @@ def check_step_inputs(contract: DecodeContract, inputs: list) -> None:
     if not 1 <= batch <= contract.batch_size:
         raise InvalidInputError(
             f"batch {batch} is outside this bundle's 1..{contract.batch_size}; re-export with --batch-size {batch}"
+        )
+    if batches is not None and batch not in batches:
+        cover = next(b for b in batches if b >= batch)
+        raise InvalidInputError(
+            f"batch {batch} has no compiled graph (this bundle's are for {list(batches)} rows): step {cover} rows "
+            f"(pad with idle rows, as the engine does), or re-export with --batch-buckets including {batch}"
         )
     span = _span(contract, inputs[INPUT_NAMES.index("pad_mask")])
     for spec, tensor in zip(STEP_INPUTS, inputs, strict=False):

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runtime.backends.base import Backend
+from runtime.backends.base import Backend, every_batch
 from runtime.backends.checks import check_step_inputs
 from runtime.format.contract import DecodeContract
 from runtime.model.step import decode_step
@@ -25,6 +25,7 @@ class EagerDecode:
 
     def __init__(self, model: nn.Module, contract: DecodeContract):
         self.contract = contract
+        self.batches = every_batch(contract)
         self.step = decode_step(model, contract.layout)
 
     @torch.inference_mode()

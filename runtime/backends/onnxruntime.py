@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime.backends.base import Backend
+from runtime.backends.base import Backend, every_batch
 from runtime.backends.checks import check_step_inputs, lend_constants
 from runtime.errors import BundleError
 from runtime.format.contract import DecodeContract
@@ -40,6 +40,7 @@ class OnnxRuntimeDecode:
         import onnxruntime as ort  # only this backend pays its import
 
         self.contract = DecodeContract.of(manifest)
+        self.batches = every_batch(self.contract)  # one graph, batch dynamic
         self.inputs, self.outputs = self.contract.onnx_names()
         options = _session_options(ort, prepack)
         # The graph comes from verified bytes; its external weights name files of this folder (validated,

@@ -185,6 +185,11 @@ class Engine:
                 self._begin(state)
             except BaseException as e:  # this request fails alone (see _step)
                 self._end(state, FinishReason.FAILED, e)
+        for state, source in plan.moved:
+            try:
+                self.runner.move(state, source)
+            except BaseException as e:
+                self._end(state, FinishReason.FAILED, e)
         for piece in plan.prefill:
             self._prefill(piece)
         with self._cond:
@@ -220,14 +225,17 @@ class Engine:
             for state in decoding:
                 self._end(state, FinishReason.FAILED, e)
             return
+        greedy = sum(s.batch for s in decoding if s.plain_greedy)  # rows whose token is the raw argmax
+        argmax = logits.argmax(-1) if greedy > 1 and 2 * greedy >= width else None  # (width,): one call
         for state in decoding:
+            taken = argmax[state.rows] if argmax is not None and state.plain_greedy else None
             try:
-                self._emit(state, logits[state.rows])
+                self._emit(state, logits[state.rows], taken)
             except BaseException as e:
                 self._end(state, FinishReason.FAILED, e)
 
-    def _emit(self, state: RequestState, logits: torch.Tensor) -> None:
-        token = state.choose(logits)  # (b,)
+    def _emit(self, state: RequestState, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> None:
+        token = state.choose(logits, argmax)  # (b,)
         state.put(token, logits)
         if state.done:
             self._end(state)

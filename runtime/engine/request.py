@@ -124,14 +124,22 @@ class RequestState:
         return not self.request.ends_in_image and (self.fed > 0 or not self.request.model_inputs)
 
     # ---- the engine's side ----
-    def choose(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits (b, vocab) raw fp32 -> the next token ids (b,); finished rows get the pad id."""
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy over the raw logits (no processor): its tokens are their argmax, which the engine takes
+        for every such row of a step in one call (8 rows of a 262k vocabulary: 3.8 ms, against 6.8 ms
+        as 8 calls)."""
+        return not self.request.processors and not self.request.config.do_sample
+
+    def choose(self, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> torch.Tensor:
+        """logits (b, vocab) raw fp32 -> the next token ids (b,); finished rows get the pad id.
+        `argmax` (b,): the logits' argmax, already taken, for a `plain_greedy` request."""
         r = self.request
         # A processor may write its input in place; the raw logits need a copy only if the caller gets
         # them (a 262k-vocabulary copy cost 1-5 ms a token, as much as the rest of the engine)
         protect = bool(r.processors) and self.want_logits
         scores = r.processors(self.history, logits.clone() if protect else logits)  # (b, vocab)
-        token = next_token(scores, r.config.do_sample, r.generator)
+        token = argmax if argmax is not None else next_token(scores, r.config.do_sample, r.generator)
         if self.pads:
             token = torch.where(self.unfinished, token, torch.full_like(token, r.pad_id))  # (b,)
         self.history = torch.cat([self.history, token[:, None]], dim=-1)

@@ -25,6 +25,14 @@ from runtime.model.positions import RowPositions, prompt_positions
 from runtime.model.prefill import head_inputs, prefill, prefill_more, prefill_states
 
 
+def covering(batches: tuple[int, ...], width: int, rows: int) -> int:
+    """The smallest of `batches` (ascending) that steps the first `width` of a cache's `rows` rows."""
+    cover = next((b for b in batches if b >= width), None)
+    if cover is None or cover > rows:
+        raise ValueError(f"the decode steps {list(batches)} rows; none covers {width} of this cache's {rows}")
+    return cover
+
+
 class Runner:
     def __init__(self, model, decode, contract: DecodeContract):
         """`model`: the eager model (prefill); `decode`: a backend's step (runtime.backends), over the
@@ -46,6 +54,17 @@ class Runner:
                 t[rows].zero_()
         self.positions.idle(rows)
         self.tokens[rows] = 0
+
+    def move(self, state: RequestState, source: slice) -> None:
+        """A decoding request moved from rows `source` to `state.rows` (disjoint, lower): its cache,
+        positions and next token go with it (a few ms for a 2,048-slot Gemma 3 row); the rows it left
+        are idle, and cleared when a request takes them."""
+        target = state.rows
+        for t in self.kv:
+            t[target] = t[source]
+        self.positions.move(source, target)
+        self.tokens[target] = self.tokens[source]
+        self.tokens[source] = 0
 
     def prefill(self, piece: Piece) -> torch.Tensor | None:
         """Put prompt tokens [start, end) in the request's rows: from an empty cache through the model's
@@ -80,12 +99,15 @@ class Runner:
 
     def step(self, decoding: list[RequestState], width: int) -> torch.Tensor:
         """One decode call advances every decoding request's rows by one token; the first `width` rows
-        are computed. Returns the raw logits (width, vocab) fp32."""
+        are needed, and the smallest batch the decode has a graph for that covers them is computed (the
+        rows past `width` step harmlessly, as every row does). Returns the raw logits (width, vocab) fp32."""
         active = torch.zeros(self.tokens.shape[0], dtype=torch.bool, device=self.tokens.device)  # (B,)
         for state in decoding:
             active[state.rows] = True
         self.positions.advance(active)
-        return self.decode(self.tokens[:width], *self.positions.inputs(width), [t[:width] for t in self.kv]).float()
+        rows = covering(self.decode.batches, width, self.tokens.shape[0])
+        logits = self.decode(self.tokens[:rows], *self.positions.inputs(rows), [t[:rows] for t in self.kv])
+        return logits[:width].float()
 
     def feed(self, state: RequestState, token: torch.Tensor) -> None:
         """The request's rows take `token` (b,) at the next step."""

@@ -10,7 +10,8 @@ no torch, so it is tested with no model at all
 
 The policy:
 - a request takes the lowest run of free adjacent rows it needs (its prefill runs over a view of the
-  cache, so its rows are one block), or its session's leased row;
+  cache, so its rows are one block), or its session's leased row; and a decoding request holding the
+  furthest row moves down into free rows below it, so the stepped batch shrinks with the load;
 - requests are admitted in arrival order, so a large request is not overtaken forever; one that found
   no rows within `busy_timeout` seconds expires;
 - each admitted request gets its first prompt piece at once; besides, the oldest request still
@@ -69,11 +70,13 @@ class Plan:
     dropped: list[State] = field(default_factory=list)  # cancelled while waiting: nothing to free
     expired: list[State] = field(default_factory=list)  # waited past busy_timeout
     admitted: list[State] = field(default_factory=list)  # now hold rows; their rows start clean
+    # decoding requests moved down into free rows (state, the rows it left): their cache goes with them
+    moved: list[tuple[State, slice]] = field(default_factory=list)
     prefill: list[Piece] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.released or self.dropped or self.expired or self.admitted or self.prefill)
+        return not (self.released or self.dropped or self.expired or self.admitted or self.moved or self.prefill)
 
 
 class Scheduler:
@@ -134,6 +137,7 @@ class Scheduler:
             self.finish(state)
             plan.released.append(state)
         self._admit(plan, now)
+        self._compact(plan)
         for state in plan.admitted:
             if state.fed >= state.final:  # a session's row holds the whole prompt but its last token
                 state.status = Status.DECODING
@@ -193,6 +197,23 @@ class Scheduler:
             self._own(rows, state)
             self.running.append(state)
             plan.admitted.append(state)
+
+    def _compact(self, plan: Plan) -> None:
+        """Keep the requests in the lowest rows, so that the decode step computes as few as the load
+        needs (the smallest graph covering them): while the request holding the furthest row is
+        decoding, owns its rows (no session's lease) and free rows below it would hold it, it moves
+        there. Only a request ending below another frees such rows, so moves are rare."""
+        while self.running:
+            top = max(self.running, key=lambda s: s.rows.stop)
+            if top.status is not Status.DECODING or top.lease is not None:
+                return
+            rows = self._free_rows(top.batch)
+            if rows is None or rows.start >= top.rows.start:
+                return
+            plan.moved.append((top, top.rows))
+            self._own(top.rows, None)
+            self._own(rows, top)
+            top.rows = rows
 
     def _expire(self, plan: Plan, now: float) -> None:
         for state in [s for s in self.waiting if now - s.submitted >= self.busy_timeout]:

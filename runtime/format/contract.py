@@ -18,9 +18,14 @@ from runtime.errors import BundleError
 from runtime.format.files import json_digest
 from runtime.format.layout import LayerLayout
 
-BATCH = "batch"  # dynamic, 1..batch_size
+BATCH = "batch"  # the rows stepped: static in each AOTInductor graph (its batch), dynamic in decode.onnx
 SPAN = "span"  # dynamic, 1..max_cache_len: the cache indices the step attends to, [0, span)
 METADATA_KEY = "aotpack_decode_contract"  # the .pt2 metadata entry holding `fingerprint()`
+
+
+def graph_name(batch: int) -> str:
+    """The model name, inside decode.pt2, of the graph that steps exactly `batch` rows."""
+    return f"batch{batch}"
 
 
 @dataclass(frozen=True)
@@ -67,12 +72,12 @@ class DecodeContract:
             tuple(manifest.cache_layout), manifest.batch_size, manifest.max_cache_len, manifest.dtype, manifest.device
         )
 
-    def fingerprint(self) -> str:
-        """What the `.so` was compiled for, as one string: recorded in its metadata, compared at load."""
+    def fingerprint(self, batch: int | None = None) -> str:
+        """What a graph was compiled for, as one string: recorded in its metadata, compared at load.
+        `batch`: the rows a static-batch graph steps (None: a dynamic batch, 1..batch_size)."""
         body = {"inputs": [asdict(i) for i in STEP_INPUTS], "kv": [asdict(layer) for layer in self.layout]}
-        return json_digest(
-            body | {"batch_size": self.batch_size, "max_cache_len": self.max_cache_len, "dtype": self.dtype}
-        )
+        body |= {"batch_size": self.batch_size, "max_cache_len": self.max_cache_len, "dtype": self.dtype}
+        return json_digest(body if batch is None else body | {"graph_batch": batch})
 
     def shape(self, spec: StepInput, batch: int, span: int) -> tuple[int, ...]:
         sizes = {BATCH: batch, SPAN: span}
@@ -92,10 +97,10 @@ class DecodeContract:
         the keys and values written, each (batch, kv_heads, 1, head_dim)."""
         return [*INPUT_NAMES, *self.kv_names()], ["logits", *self.kv_names("new_")]
 
-    def check_package(self, metadata: dict, artifact: str = "decode.pt2") -> None:
-        """The `.pt2` (or decode.onnx) was built for exactly this signature (its metadata carries the
-        fingerprint)."""
-        if metadata.get(METADATA_KEY) != self.fingerprint():
+    def check_package(self, metadata: dict, artifact: str = "decode.pt2", batch: int | None = None) -> None:
+        """A graph of the `.pt2` (or decode.onnx) was built for exactly this signature (its metadata
+        carries the fingerprint); `batch`: the graph's static batch."""
+        if metadata.get(METADATA_KEY) != self.fingerprint(batch):
             raise BundleError(
                 f"the manifest's cache layout, batch size, max_cache_len or dtype is not what {artifact} was "
                 "compiled for; the bundle is inconsistent, re-export it"

@@ -25,9 +25,12 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # 5: the step attends to a span of the cache (its pad_mask is as wide as the indices in use), where 3 and
 # 4 attended to every slot of it each step; their decode cannot take a span, so they are re-exported.
 # The decode attention kernel chosen at build time (`decode_attention`).
-FORMAT_VERSION = 5
-SUPPORTED_VERSIONS = frozenset({5})
-_REEXPORT = {3: "attends to the whole cache every step", 4: "attends to the whole cache every step"}
+# 6: decode.pt2 holds one graph per batch bucket (`graphs`, each with its own GEMV lowerings and parity),
+# where 5 held one graph for every batch, its kernels chosen at batch 1; it is re-exported.
+FORMAT_VERSION = 6
+SUPPORTED_VERSIONS = frozenset({6})
+_WHOLE_CACHE = "attends to the whole cache every step"
+_REEXPORT = {3: _WHOLE_CACHE, 4: _WHOLE_CACHE, 5: "runs batch-1 kernels at every batch"}
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
@@ -92,7 +95,19 @@ class Lowering:
     cols: int
     dtype: str  # activation dtype
     chosen: str  # a key of gb_per_s when the candidates were timed
-    gb_per_s: dict[str, float]  # each candidate's weight read rate at batch 1 on the build machine; {} untimed
+    gb_per_s: dict[str, float]  # each candidate's weight read rate at its graph's batch here; {} untimed
+
+
+@dataclass(frozen=True)
+class DecodeGraph:
+    """One compiled graph of decode.pt2 (model name runtime.format.contract.graph_name(batch)): the step
+    for exactly `batch` rows, its kernels chosen for that batch, checked against eager generate with
+    `batch` rows."""
+
+    batch: int
+    lowerings: tuple[Lowering, ...]
+    parity: Parity
+    compile_seconds: float  # trace, kernel timing and AOTInductor compile of this graph on the build machine
 
 
 @dataclass(frozen=True)
@@ -128,7 +143,7 @@ class Manifest:
     device: str
     cpu_isa: str | None  # what the .so was compiled for (AOTI_CPU_ISA), None on CUDA
     dtype: str
-    batch_size: int  # the largest batch the compiled decode serves
+    batch_size: int  # the cache's rows: the largest batch the compiled decode serves
     max_cache_len: int
     vocab_size: int
     cache_layout: tuple[LayerLayout, ...]
@@ -137,14 +152,19 @@ class Manifest:
     constants: tuple[Constant, ...]
     weight_aliases: dict[str, str]  # module path -> the stored key holding the same tensor (tied weights)
     quantization: Quantization | None
-    lowerings: tuple[Lowering, ...]
+    graphs: tuple[DecodeGraph, ...]  # by ascending batch, the last stepping all batch_size rows
     decode_attention: DecodeAttention | None  # None: the model's own attention (GPU, eager attention)
     accuracy: Accuracy | None  # quantized bundles only
     files: dict[str, str]  # bundle file name -> sha256 hex
     build_seconds: float
     built_at: str  # ISO 8601, UTC
-    parity: Parity
+    parity: Parity  # every graph's gate together
     onnx: OnnxDecode | None = None  # the portable decode, when exported with --onnx (format 4)
+
+    @property
+    def batches(self) -> tuple[int, ...]:
+        """The batches decode.pt2 has a graph for, ascending."""
+        return tuple(g.batch for g in self.graphs)
 
     def to_json(self) -> str:
         """JSON with a `digest` of the content: manifest.json holds every other file's hash, so its
@@ -220,7 +240,7 @@ def _build(cls, raw: dict) -> Manifest:
         data["constants"] = tuple(_constant(c) for c in _list(raw["constants"]))
         data["parity"] = _record(Parity, raw["parity"])
         data["quantization"] = _optional(_quantization, raw["quantization"])
-        data["lowerings"] = tuple(_lowering(x) for x in _list(raw["lowerings"]))
+        data["graphs"] = tuple(_graph(x) for x in _list(raw["graphs"]))
         data["decode_attention"] = _optional(_decode_attention, raw["decode_attention"])
         data["accuracy"] = _optional(lambda x: _record(Accuracy, x), raw["accuracy"])
         data["onnx"] = _optional(_onnx, raw["onnx"])
@@ -259,6 +279,13 @@ def _lowering(raw) -> Lowering:
         raise TypeError(f"a lowering must be a JSON object, got {type(raw).__name__}")
     _numbers(raw.get("gb_per_s"), "lowering gb_per_s")
     return _record(Lowering, raw)
+
+
+def _graph(raw) -> DecodeGraph:
+    if not isinstance(raw, dict):
+        raise TypeError(f"a decode graph must be a JSON object, got {type(raw).__name__}")
+    lowerings = tuple(_lowering(x) for x in _list(raw.get("lowerings")))
+    return _record(DecodeGraph, raw | {"lowerings": lowerings, "parity": _record(Parity, raw.get("parity"))})
 
 
 def _decode_attention(raw) -> DecodeAttention:
@@ -343,7 +370,17 @@ def _check_values(m: Manifest) -> None:
     a = m.decode_attention
     if a is not None and a.us_per_call and a.chosen not in a.us_per_call:
         raise ManifestError(f"manifest decode_attention chose {a.chosen!r}, which it did not time")
-    for lowering in m.lowerings:
+    _check_graphs(m)
+
+
+def _check_graphs(m: Manifest) -> None:
+    batches = [g.batch for g in m.graphs]
+    if not batches or batches != sorted(set(batches)) or batches[0] < 1 or batches[-1] != m.batch_size:
+        raise ManifestError(
+            f"manifest graphs step batches {batches}: they must ascend, without repeats, from at least 1 to "
+            f"batch_size {m.batch_size}; re-export the bundle"
+        )
+    for lowering in (lw for g in m.graphs for lw in g.lowerings):
         if lowering.gb_per_s and lowering.chosen not in lowering.gb_per_s:
             raise ManifestError(
                 f"manifest lowering {lowering.op} {lowering.rows}x{lowering.cols} chose {lowering.chosen!r}, "

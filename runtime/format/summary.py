@@ -35,7 +35,7 @@ def summary(m: Manifest, sizes: dict[str, int] | None = None) -> str:
         f"format       {m.format_version} (aotpack {m.aotpack_version}, built {m.built_at} in {m.build_seconds:.0f} s)",
         f"built with   torch {m.torch_version}, transformers {m.transformers_version}, Python {m.python_version}",
         f"target       {m.device}{f' ({m.cpu_isa})' if m.cpu_isa else ''}, {m.dtype}, "
-        + (f"batch 1 to {m.batch_size}" if m.batch_size > 1 else "batch 1"),
+        + (f"batch 1 to {m.batch_size} (graphs for {_listed(m.batches)} rows)" if m.batch_size > 1 else "batch 1"),
         f"cache        max_cache_len {m.max_cache_len}; {layers}",
         f"KV memory    {human(ring)} allocated; a full-length cache would need {human(full)}"
         + (f" ({full / ring:.2f}× more)" if full != ring else ""),
@@ -92,10 +92,20 @@ def _attention_lines(m: Manifest) -> list[str]:
     return [f"attention    {a.chosen}" + (f" (per layer over {a.span} slots: {timed})" if timed else " (untimed)")]
 
 
+def _listed(numbers) -> str:
+    return ", ".join(map(str, numbers))
+
+
 def _lowering_lines(m: Manifest) -> list[str]:
     lines = []
-    for lw in m.lowerings:
-        rates = ", ".join(f"{name} {rate:.1f}" for name, rate in lw.gb_per_s.items())
-        timed = f" (GB/s: {rates})" if rates else " (untimed)"
-        lines.append(f"  GEMV {lw.op} {lw.rows}x{lw.cols}: {lw.chosen}{timed}")
-    return ["decode GEMV  per weight shape, chosen at build time:", *lines] if lines else []
+    for graph in m.graphs:
+        p = graph.parity
+        lines.append(
+            f"  batch {graph.batch}: compiled in {graph.compile_seconds:.0f} s, parity max |Δlogit| "
+            f"{p.max_abs_logit_diff:.2e} over {p.steps} steps, tokens match: {p.tokens_match}"
+        )
+        for lw in graph.lowerings:
+            rates = ", ".join(f"{name} {rate:.1f}" for name, rate in lw.gb_per_s.items())
+            timed = f" (GB/s: {rates})" if rates else " (untimed)"
+            lines.append(f"    GEMV {lw.op} {lw.rows}x{lw.cols}: {lw.chosen}{timed}")
+    return ["decode graphs one per batch, GEMV kernels chosen per weight shape at build time:", *lines]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from runtime.format.quant import INT4, QuantSpec
-from runtime.quant.kernels import activations, as_int32, rows_outer
+from runtime.quant.kernels import activations, as_int32, each_row, rows_outer
 from runtime.quant.scheme import Scheme, dequantized_linear, pack_words
 
 _TINY = torch.finfo(torch.float32).tiny
@@ -61,11 +61,11 @@ def _(x, words, scales, mins, group_size):
 def reduce_nibbles(x, words, scales, mins, group_size):
     rows, count = words.shape  # count = K / 8
     groups = 8 * count // group_size
-    x2 = activations(x).view(1, -1, groups, group_size // 8, 8)  # (1, B, G, gs/8, 8)
-    w = as_int32(words).view(rows, 1, groups, group_size // 8, 1)  # one word feeds 8 lanes
-    q = ((w >> (4 * torch.arange(8, dtype=torch.int32, device=x.device))) & 15).float()  # (N, 1, G, gs/8, 8)
-    dq = q * scales.float().view(rows, 1, groups, 1, 1) + mins.float().view(rows, 1, groups, 1, 1)
-    return rows_outer((dq * x2).sum((-1, -2, -3)), x)
+    x2 = activations(x).view(-1, groups, group_size // 8, 8)  # (B, G, gs/8, 8)
+    w = as_int32(words).view(rows, groups, group_size // 8, 1)  # one word feeds 8 lanes
+    q = ((w >> (4 * torch.arange(8, dtype=torch.int32, device=x.device))) & 15).float()  # (N, G, gs/8, 8)
+    dq = q * scales.float().view(rows, groups, 1, 1) + mins.float().view(rows, groups, 1, 1)
+    return rows_outer(each_row(lambda row: (dq * row).sum((-1, -2, -3)), x2), x)
 
 
 SCHEME = Scheme(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from runtime.format.quant import INT8, QuantSpec
-from runtime.quant.kernels import activations, as_int32, flat, realized, rows_outer
+from runtime.quant.kernels import activations, as_int32, each_row, flat, realized, rows_outer
 from runtime.quant.scheme import Scheme, dequantized_linear, pack_words
 
 _TINY = torch.finfo(torch.float32).tiny  # keeps an all-zero row's scale finite
@@ -66,15 +66,16 @@ def reduce_words(x, words, scales):
         return _planes_outer(x, words, scales)
     # realized only once permuted: one loop, not two. planes[b, c, j, i] = x[b, j*K/4 + 8c + i]
     planes = realized(flat(x).view(-1, 4, count // 8, 8).transpose(1, 2).contiguous())  # (B, K/32, 4, 8)
-    q = _byte_planes(as_int32(words).view(rows, 1, count // 8, 1, 8))  # (N, 1, K/32, 4, 8)
-    return rows_outer((q * planes[None]).sum((-1, -2, -3)) * scales.float()[:, None], x)
+    q = _byte_planes(as_int32(words).view(rows, count // 8, 1, 8))  # (N, K/32, 4, 8)
+    y = each_row(lambda row: (q * row).sum((-1, -2, -3)), planes)  # (N, B)
+    return rows_outer(y * scales.float()[:, None], x)
 
 
 def _planes_outer(x, words, scales):
     rows, count = words.shape
-    x2 = activations(x).view(1, -1, 4, count)  # (1, B, 4, K/4): x[b, j * K/4 + c]
-    q = _byte_planes(as_int32(words)[:, None, None, :])  # (N, 1, 4, K/4)
-    return rows_outer((q * x2).sum((-1, -2)) * scales.float()[:, None], x)
+    x2 = activations(x).view(-1, 4, count)  # (B, 4, K/4): x[b, j * K/4 + c]
+    q = _byte_planes(as_int32(words)[:, None, :])  # (N, 4, K/4)
+    return rows_outer(each_row(lambda row: (q * row).sum((-1, -2)), x2) * scales.float()[:, None], x)
 
 
 def reduce_bytes(x, words, scales):
@@ -85,7 +86,7 @@ def reduce_bytes(x, words, scales):
     # (B, K) in stored column order, realized once permuted (one loop, as in reduce_words)
     permuted = realized(flat(x).view(-1, 4, count).transpose(1, 2).reshape(-1, 4 * count))
     q = words.view(torch.int8).view(rows, 4 * count).float()  # (N, K)
-    return rows_outer((q[:, None, :] * permuted[None]).sum(-1) * scales.float()[:, None], x)
+    return rows_outer(each_row(lambda row: (q * row).sum(-1), permuted) * scales.float()[:, None], x)
 
 
 SCHEME = Scheme(

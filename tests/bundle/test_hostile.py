@@ -350,7 +350,7 @@ def test_compiler_that_cannot_start_is_an_export_error(checkpoint, tmp_path, cap
     def no_fork(*args, **kwargs):
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
-    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_fork)
+    monkeypatch.setattr(torch._inductor, "aot_compile", no_fork)
     out = tmp_path / "b"
     assert aotpack(["export", str(checkpoint(BASE)), "--out", str(out), "--max-cache-len", "64", "--gemv", "aten"]) == 2
     assert "the C++ compiler could not run (BlockingIOError" in capsys.readouterr().err

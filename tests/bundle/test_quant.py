@@ -100,7 +100,8 @@ def test_quantized_manifest_records_accuracy(runtime):
     a = m.accuracy
     assert a.text_tokens > 100 and a.greedy_tokens == 256 and 0 <= a.greedy_agreement <= 1
     assert a.perplexity > 0 and a.reference_perplexity > 0
-    assert {lw.op for lw in m.lowerings} == {INT4} and all(lw.chosen == "reduce-nibbles" for lw in m.lowerings)
+    lowerings = [lw for graph in m.graphs for lw in graph.lowerings]
+    assert {lw.op for lw in lowerings} == {INT4} and all(lw.chosen == "reduce-nibbles" for lw in lowerings)
 
 
 @pytest.mark.slow
@@ -108,9 +109,10 @@ def test_tuned_bundle_records_every_candidate_and_keeps_the_fastest(runtime, ref
     """`--gemv tune` times ATen's mm and the Inductor reduction for every weight shape; the manifest
     keeps both rates and the faster choice, and the bundle still matches HF past the window."""
     rt = runtime("tiny-gemma3", "--gemv", "tune")
-    shapes = {(lw.rows, lw.cols) for lw in rt.manifest.lowerings}
+    (graph,) = rt.manifest.graphs  # the batch-4 graph, timed with 4 rows
+    shapes = {(lw.rows, lw.cols) for lw in graph.lowerings}
     assert (384, 64) in shapes  # the lm_head
-    for lw in rt.manifest.lowerings:
+    for lw in graph.lowerings:
         assert set(lw.gb_per_s) == set(CANDIDATES[LINEAR]) and all(rate > 0 for rate in lw.gb_per_s.values())
         assert lw.chosen == max(lw.gb_per_s, key=lw.gb_per_s.get)
     ids = torch.arange(3, 16)[None]  # 13 tokens: past the window of 8
@@ -122,7 +124,7 @@ def test_tuned_bundle_records_every_candidate_and_keeps_the_fastest(runtime, ref
 def test_reduce_kernels_bundle_matches_hf(runtime, reference):
     """Every float weight read by the fused reduction (`--gemv reduce`), batched with left padding."""
     rt = runtime("tiny-llama", "--gemv", "reduce")
-    assert {lw.chosen for lw in rt.manifest.lowerings} == {"reduce"}
+    assert {lw.chosen for graph in rt.manifest.graphs for lw in graph.lowerings} == {"reduce"}
     inputs = chat(rt, CONVERSATION + [[{"role": "user", "content": "Describe the image."}]])
     assert (inputs["attention_mask"] == 0).any()
     assert_parity(rt, reference("tiny-llama"), inputs, new_tokens=40)

@@ -10,7 +10,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import GREEDY, SAMPLED, assert_each_matches_lone_generate, assert_parity, chat, staggered, submitter
+from helpers import (
+    GREEDY,
+    SAMPLED,
+    assert_each_matches_lone_generate,
+    assert_parity,
+    chat,
+    graphs_stepped,
+    staggered,
+    submitter,
+)
 from PIL import Image
 
 from runtime import ImageInputError
@@ -66,14 +75,20 @@ def test_vlm_matches_hf_generate(case, runtime, reference):
     inputs = chat(rt, [CASES[case]])
     if case != "text_only":
         assert inputs["pixel_values"].shape[0] == (2 if case == "two_images" else 1)
-    assert_parity(rt, reference(VLM), inputs, NEW_TOKENS, logit_steps=8)
+    with graphs_stepped(rt) as stepped:
+        assert_parity(rt, reference(VLM), inputs, NEW_TOKENS, logit_steps=8)
+    assert set(stepped) == {1}  # the bundle's batch-1 graph
 
 
 def test_vlm_batch_with_images_left_padded(runtime, reference):
+    """Two rows step the bundle's batch-4 graph, beside two idle rows."""
     rt = runtime(VLM)
+    assert rt.manifest.batches == (1, 4)
     inputs = chat(rt, [CASES["one_image"], CASES["second_turn"]])
     assert (inputs["attention_mask"] == 0).any()
-    assert_parity(rt, reference(VLM), inputs, NEW_TOKENS, logit_steps=8)
+    with graphs_stepped(rt) as stepped:
+        assert_parity(rt, reference(VLM), inputs, NEW_TOKENS, logit_steps=8)
+    assert set(stepped) == {4}
 
 
 def test_concurrent_image_requests_each_match_a_lone_generate(runtime, reference):

@@ -67,3 +67,43 @@ def test_measure_records_the_steal_during_its_worker(monkeypatch, tmp_path):
     monkeypatch.setattr(build, "cpu_ticks", lambda: next(ticks))
     monkeypatch.setattr(build, "run", lambda cmd, env=None: json.dumps({"system": "aotpack"}))
     assert build.measure("aotpack", tmp_path, "int8", [1], CONFIG, tmp_path)["cpu_steal"] == 0.4
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "add --serve and --streams N"),
+        ({"serve": True, "streams": 8}, "add --llama-cpp-converter"),
+        ({"serve": True, "streams": 8, "converter": True, "binary": "missing"}, "is not an executable file"),
+    ],
+    ids=["without --serve", "without a converter", "no such binary"],
+)
+def test_llama_server_is_refused_without_what_it_needs(tmp_path, options, message):
+    from exporter.bench.config import BenchConfig
+
+    converter = tmp_path / "convert_hf_to_gguf.py"
+    converter.write_text("")
+    binary = tmp_path / options.get("binary", "llama-server")
+    if "binary" not in options:
+        binary.write_text("")
+        binary.chmod(0o755)
+    with pytest.raises(BenchError, match=message):
+        BenchConfig(
+            dtypes=("float32",), llama_server=binary, serve=options.get("serve", False),
+            streams=options.get("streams"), llama_cpp_converter=converter if options.get("converter") else None,
+        )  # fmt: skip
+
+
+def test_llama_server_gets_n_slots_of_the_bundles_cache(tmp_path):
+    from exporter.bench.config import BenchConfig
+    from exporter.bench.serving import llama_server_command
+
+    (converter := tmp_path / "c.py").write_text("")
+    (binary := tmp_path / "llama-server").write_text("")
+    binary.chmod(0o755)
+    config = BenchConfig(
+        dtypes=("float32",), serve=True, streams=8, llama_server=binary, llama_cpp_converter=converter,
+        max_cache_len=2048, threads=2,
+    )  # fmt: skip
+    command = llama_server_command(config, tmp_path / "m.gguf", 1234)
+    assert command[command.index("--parallel") + 1] == "8" and command[command.index("-c") + 1] == str(8 * 2048)

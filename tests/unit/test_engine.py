@@ -167,10 +167,13 @@ def test_a_request_that_fails_in_prefill_fails_alone(stand_in, monkeypatch):
     assert torch.equal(_collect(good)[0], expected)
 
 
-def test_nan_in_an_idle_row_touches_no_other_row(stand_in):
-    """An idle row between busy ones is stepped too; whatever it holds stays in its own row."""
+def test_nan_in_an_idle_row_touches_no_other_row(stand_in, monkeypatch):
+    """An idle row between busy ones is stepped too; whatever it holds stays in its own row. (The engine
+    would move the request in row 2 down into the freed row 1; it is kept from doing so here, so that
+    row 1 stays idle while this test writes into it.)"""
     bundle = stand_in("tiny-gemma3")
     engine = bundle.engine
+    monkeypatch.setattr(engine.scheduler, "_compact", lambda plan: None)
     prompts = _prompts(bundle, [6, 9])
     expected = [_hf(bundle, p, **GREEDY) for p in prompts]
     blocker = _submit(bundle, prompts[0], **GREEDY)  # row 0
@@ -322,3 +325,40 @@ def test_a_failure_of_the_loop_itself_fails_its_requests_and_the_next_starts_a_n
     with pytest.raises(RuntimeError, match="scheduler bug"):
         handle.result()
     assert engine.submit(bundle.request(torch.tensor([[5, 6, 7]]), max_new_tokens=2)).result().shape == (1, 5)
+
+
+def test_the_engine_steps_the_smallest_graph_that_covers_the_rows_in_use(eager_runtime):
+    """A bundle with graphs for 1, 4 and 8 of its 8 rows: one request steps 1 row, three step 4, five
+    step 8, never a batch without a graph; each request still matches HF alone (the rows stepped
+    beyond those in use change nothing)."""
+    rt = eager_runtime("tiny-llama", rows=8, cache=CACHE)
+    rt.decode.batches = (1, 4, 8)  # as a compiled bundle exported with --batch-buckets 1,4,8 has them
+    stepped, step = [], rt.decode.step
+    rt.decode.step = lambda *inputs: stepped.append(inputs[0].shape[0]) or step(*inputs)
+    for count, widest in ((1, 1), (3, 4), (5, 8)):
+        stepped.clear()
+        plan = [(p, GREEDY, None) for p in _prompts(rt, [4 + 3 * i for i in range(count)])]
+        assert_each_matches_lone_generate(rt.model, plan, _staggered(rt, plan))
+        assert set(stepped) <= {1, 4, 8} and max(stepped) == widest, (count, sorted(set(stepped)))
+
+
+def test_covering_refuses_a_width_no_graph_covers():
+    from runtime.engine.runner import covering
+
+    assert [covering((1, 4, 8), w, 8) for w in range(1, 9)] == [1, 4, 4, 4, 8, 8, 8, 8]
+    with pytest.raises(ValueError, match="none covers 5 of this cache's 4"):
+        covering((1, 4, 8), 5, 4)
+
+
+def test_a_request_left_alone_in_a_high_row_moves_down_and_steps_the_batch_1_graph(eager_runtime):
+    """Two requests in rows 0 and 1; the first ends early, so the second moves into row 0 (its cache,
+    positions and next token with it) and the steps that follow compute one row, not two. Its tokens
+    and logits still match HF's for it alone."""
+    rt = eager_runtime("tiny-gemma3", rows=8, cache=CACHE)  # sliding window 8: the move carries a ring
+    rt.decode.batches = (1, 2, 8)
+    stepped, step = [], rt.decode.step
+    rt.decode.step = lambda *inputs: stepped.append(inputs[0].shape[0]) or step(*inputs)
+    short, long = _prompts(rt, [5, 7])
+    plan = [(short, GREEDY | {"max_new_tokens": 4, "min_new_tokens": 4}, None), (long, GREEDY, None)]
+    assert_each_matches_lone_generate(rt.model, plan, _staggered(rt, plan))
+    assert 2 in stepped and stepped[-1] == 1 and stepped.count(1) > GREEDY["max_new_tokens"] // 2

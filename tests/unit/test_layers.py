@@ -138,7 +138,7 @@ def fake_bundle(tmp_path) -> Path:
     """A bundle directory whose manifest and hashes are whole (its files hold no real model)."""
     from runtime.format.files import DECODE, MANIFEST, WEIGHTS, sha256
     from runtime.format.layout import FULL, LayerLayout
-    from runtime.format.manifest import FORMAT_VERSION, Manifest, Parity
+    from runtime.format.manifest import FORMAT_VERSION, DecodeGraph, Manifest, Parity
 
     for name in (DECODE, WEIGHTS, "config.json"):
         (tmp_path / name).write_bytes(name.encode())
@@ -148,7 +148,8 @@ def fake_bundle(tmp_path) -> Path:
         python_version="3.11", model_class="LlamaForCausalLM", attn_implementation="sdpa", is_multimodal=False,
         device="cpu", cpu_isa=None, dtype="float32", batch_size=1, max_cache_len=16, vocab_size=32,
         cache_layout=(layer,), cache_bytes=(layer.nbytes(1, "float32"),), decode_inputs=("input_ids",),
-        constants=(), weight_aliases={}, quantization=None, lowerings=(), decode_attention=None, accuracy=None,
+        constants=(), weight_aliases={}, quantization=None,
+        graphs=(DecodeGraph(1, (), Parity(1, 0.0, 1e-4, True), 1.0),), decode_attention=None, accuracy=None,
         files={p.name: sha256(p) for p in tmp_path.iterdir()}, build_seconds=1.0, built_at="now",
         parity=Parity(1, 0.0, 1e-4, True),
     )  # fmt: skip

@@ -17,6 +17,7 @@ from runtime.format.manifest import (
     Accuracy,
     Constant,
     DecodeAttention,
+    DecodeGraph,
     Lowering,
     Manifest,
     OnnxDecode,
@@ -108,7 +109,10 @@ def manifests(draw):
         constants=tuple(draw(st.lists(constants, max_size=4))),
         weight_aliases=draw(st.dictionaries(names, names, max_size=2)),
         quantization=draw(quantizations),
-        lowerings=tuple(draw(st.lists(lowerings, max_size=3))),
+        graphs=tuple(
+            DecodeGraph(b, tuple(draw(st.lists(lowerings, max_size=3))), draw(parities), draw(st.floats(0, 1e4)))
+            for b in sorted({*draw(st.lists(st.integers(1, batch), max_size=3)), batch})
+        ),
         decode_attention=draw(attentions),
         accuracy=draw(accuracies),
         files={"decode.pt2": "ab" * 32}
@@ -187,6 +191,36 @@ def test_formats_3_and_4_are_refused_saying_why(manifest, version):
     """Their decode attends to the whole cache every step; format 5's to the span in use."""
     raw = json.loads(manifest.to_json()) | {"format_version": version}
     with pytest.raises(ManifestError, match=f"format_version {version} .its decode attends to the whole cache"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=10)
+def test_format_5_is_refused_saying_why(manifest):
+    """Its one graph ran batch-1 kernels at every batch; format 6 has a graph per batch bucket."""
+    raw = json.loads(manifest.to_json()) | {"format_version": 5}
+    with pytest.raises(ManifestError, match="format_version 5 .its decode runs batch-1 kernels at every batch"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests(), st.sampled_from(["drop the full batch", "repeat", "descend", "none", "zero"]))
+@settings(max_examples=60)
+def test_graphs_must_ascend_to_the_batch_size(manifest, edit):
+    """The engine steps the smallest graph covering the rows in use, and the cache's every row must be
+    covered: a graph list that does not end at batch_size, or is out of order, is refused."""
+    raw = json.loads(manifest.to_json())
+    graphs = raw["graphs"]
+    if edit == "drop the full batch":
+        graphs.pop()
+    elif edit == "repeat":
+        graphs.append(graphs[-1])
+    elif edit == "descend":
+        graphs.insert(0, graphs[-1] | {"batch": raw["batch_size"]})
+    elif edit == "none":
+        graphs.clear()
+    else:
+        graphs.insert(0, graphs[0] | {"batch": 0})
+    with pytest.raises(ManifestError, match="graphs step batches .* must ascend"):
         Manifest.from_json(_with_digest(raw))
 
 

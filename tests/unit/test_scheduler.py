@@ -205,3 +205,26 @@ def test_a_bound_of_zero_waiting_admits_what_finds_free_rows_and_refuses_what_wo
     assert (first.rows, second.rows) == (slice(0, 1), slice(1, 2))
     with pytest.raises(QueueFullError, match="no cache row is free and 0 requests"):
         s.add(third, max_waiting=0)  # no free row: it would wait, and none may
+
+
+def test_the_request_holding_the_furthest_row_moves_down_into_free_rows():
+    """Requests end in any order; the one furthest out moves into the lowest free rows below it, so the
+    stepped batch is as small as the load. One prefilling, or holding a session's row, stays."""
+    s = Scheduler(rows=8, busy_timeout=300)
+    a, b, c, d = Req(), Req(batch=2), Req(), Req()
+    for r in (a, b, c, d):
+        s.add(r)
+    _run_prefill(s, s.plan(now=0))
+    assert [r.rows.start for r in (a, b, c, d)] == [0, 1, 3, 4] and all(r.status is Status.DECODING for r in (a, b))
+    s.finish(a)
+    s.finish(b)
+    plan = s.plan(now=0)
+    assert plan.moved == [(d, slice(4, 5)), (c, slice(3, 4))]  # d into row 0, then c into row 1
+    assert (d.rows, c.rows) == (slice(0, 1), slice(1, 2)) and s.owners[:2] == [d, c] and s.owners[2:] == [None] * 6
+    assert s.decoding()[1] == 2 and s.plan(now=0).moved == []
+    leased = s.lease()  # row 2
+    e = Req(lease=leased, status=Status.WAITING)
+    s.add(e)
+    _run_prefill(s, s.plan(now=0))
+    s.finish(d)
+    assert s.plan(now=0).moved == []  # the furthest row is a session's: it stays

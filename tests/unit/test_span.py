@@ -152,3 +152,16 @@ def test_the_steps_and_the_prefills_work_do_not_grow_with_the_cache(gemma3, chec
 
     assert _work(step(large, cache)) == _work(step(small, CACHE))
     assert _work(prefill(large)) == _work(prefill(small))
+
+
+def test_a_batch_without_a_graph_is_refused_before_the_step(gemma3):
+    """AOTInductor's graphs have a static batch: 3 rows on a bundle with graphs for 1, 4 and 8 would be
+    misread by any of them, so the check names the graph to pad to and the export option."""
+    _, layout = gemma3
+    contract = DecodeContract(layout, 8, CACHE, "float32", "cpu")
+    kv = allocate(layout, 3, torch.float32, "cpu")
+    ids, position, index = torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 1, dtype=torch.long), torch.zeros(3)
+    inputs = [ids, position, index.long(), torch.ones(3, 1, dtype=torch.bool), *kv]
+    check_step_inputs(contract, inputs)  # a dynamic batch takes it
+    with pytest.raises(InvalidInputError, match=r"batch 3 has no compiled graph .*\[1, 4, 8\].* step 4 rows"):
+        check_step_inputs(contract, inputs, (1, 4, 8))
