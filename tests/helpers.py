@@ -187,3 +187,22 @@ def graphs_stepped(rt):
         yield stepped
     finally:
         rt.decode._runs = runs
+
+
+def prefilled_step(rt, ids, rows: int | None = None):
+    """Eager prefill of one prompt `ids` (1, S), repeated in `rows` rows (default: the smallest batch the
+    runtime's decode steps), into fresh cache tensors; returns the next decode call's inputs
+    (token (rows, 1), position_ids, cache_position, pad_mask, kv) and the prefill's logits (rows, vocab)."""
+    from runtime.model.positions import prompt_positions
+    from runtime.model.prefill import prefill
+
+    rows = rows or rt.decode.batches[0]
+    ids = ids.expand(rows, -1).contiguous()  # (rows, S)
+    mask = torch.ones_like(ids)
+    kv = [torch.zeros_like(t[:rows]) for t in rt.kv]
+    logits = prefill(rt.model, kv, rt.layout, ids, mask, prompt_positions(mask))
+    seq = ids.shape[1]
+    pad_mask = torch.zeros(rows, rt.manifest.max_cache_len, dtype=torch.bool)
+    pad_mask[:, : seq + 1] = True
+    position, cache_position = torch.full((rows, 1), seq), torch.full((rows,), seq)
+    return (logits.argmax(-1)[:, None], position, cache_position, pad_mask, kv), logits

@@ -27,7 +27,7 @@ from runtime import (
     load,
 )
 from runtime.format.files import MANIFEST
-from runtime.format.manifest import _digest
+from runtime.format.manifest import FORMAT_VERSION, _digest
 from runtime.format.reader import open_bundle
 
 BASE = "tiny-llama"
@@ -82,14 +82,14 @@ def test_truncated_pt2(copy):
 
 def test_unknown_format_version_names_both(copy):
     rewrite_manifest(copy, format_version=99)
-    with pytest.raises(ManifestError, match=r"format_version 99 .* reads \[5\]"):
+    with pytest.raises(ManifestError, match=rf"format_version 99 .* reads \[{FORMAT_VERSION}\]"):
         load(copy)
 
 
 def test_a_format_2_bundle_is_refused_with_re_export(copy):
     """Format 2's decode step took one cache position for the whole batch: it cannot serve independent rows."""
     rewrite_manifest(copy, format_version=2)
-    with pytest.raises(ManifestError, match=r"format_version 2 .* reads \[5\]; re-export"):
+    with pytest.raises(ManifestError, match=rf"format_version 2 .* reads \[{FORMAT_VERSION}\]; re-export"):
         load(copy)
 
 
@@ -255,16 +255,17 @@ def test_non_contiguous_prompt_is_copied_not_misread(rt):
 
 @pytest.mark.parametrize("fault", ["non_contiguous", "dtype", "shape", "position"])
 def test_compiled_decode_validates_its_inputs(rt, fault):
-    kv = [t[:1] for t in rt.kv]
+    b = rt.manifest.batches[0]  # a batch the bundle has a graph for
+    kv = [t[:b] for t in rt.kv]
     L = rt.manifest.max_cache_len
     args = dict(
-        input_ids=torch.tensor([[5]]),
-        position_ids=torch.tensor([[3]]),
-        cache_position=torch.tensor([3]),
-        pad_mask=torch.ones(1, L, dtype=torch.bool),
+        input_ids=torch.full((b, 1), 5),
+        position_ids=torch.full((b, 1), 3),
+        cache_position=torch.full((b,), 3),
+        pad_mask=torch.ones(b, L, dtype=torch.bool),
     )
     if fault == "non_contiguous":
-        args["pad_mask"] = torch.ones(1, 2 * L, dtype=torch.bool)[:, ::2]
+        args["pad_mask"] = torch.ones(b, 2 * L, dtype=torch.bool)[:, ::2]
         message = "pad_mask is not contiguous"
     elif fault == "dtype":
         args["position_ids"] = args["position_ids"].int()
@@ -273,7 +274,7 @@ def test_compiled_decode_validates_its_inputs(rt, fault):
         kv = [kv[0][:, :, :-1]] + kv[1:]
         message = "layer 0 keys has shape"
     else:
-        args["cache_position"] = torch.tensor([L])
+        args["cache_position"] = torch.full((b,), L)
         message = f"cache_position {L} is outside"
     with pytest.raises(InvalidInputError, match=message):
         rt.decode(**args, kv=kv)

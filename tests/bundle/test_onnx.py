@@ -15,7 +15,16 @@ import onnx
 import onnxruntime
 import pytest
 import torch
-from helpers import GREEDY, SAMPLED, assert_each_matches_lone_generate, assert_parity, chat, staggered, submitter
+from helpers import (
+    GREEDY,
+    SAMPLED,
+    assert_each_matches_lone_generate,
+    assert_parity,
+    chat,
+    prefilled_step,
+    staggered,
+    submitter,
+)
 from test_parity import CONVERSATIONS, TEXT_FAMILIES
 from test_vlm import CASES, NEW_TOKENS, VLM
 
@@ -24,8 +33,6 @@ from runtime import load
 from runtime.errors import BundleError, IncompatibleBundleError, IntegrityError, InvalidInputError
 from runtime.format.files import DECODE_ONNX, MANIFEST, WEIGHTS
 from runtime.format.manifest import _digest
-from runtime.model.positions import prompt_positions
-from runtime.model.prefill import prefill
 
 
 @pytest.mark.parametrize("name", TEXT_FAMILIES)
@@ -131,8 +138,9 @@ def test_the_onnx_step_writes_the_cache_like_the_compiled_one(onnx_runtime, runt
     ort_rt, aoti_rt = onnx_runtime("tiny-gemma3"), runtime("tiny-gemma3")
     ids = torch.arange(3, 14)[None]  # 11 tokens: past the window
     results = []
+    rows = aoti_rt.decode.batches[0]  # the .so's smallest graph; ONNX takes any batch
     for rt in (ort_rt, aoti_rt):
-        token, position, cache_position, pad_mask, kv = _prefilled(rt, ids)
+        token, position, cache_position, pad_mask, kv = _prefilled(rt, ids, rows)
         logits = rt.decode(token, position, cache_position, pad_mask, kv)
         results.append((logits, kv))
     (ort_logits, ort_kv), (aoti_logits, aoti_kv) = results
@@ -246,12 +254,6 @@ def test_cli_runs_either_backend_alike(bundle, capsys):
     assert "onnx         decode.onnx (opset" in capsys.readouterr().out
 
 
-def _prefilled(rt, ids):
-    """Eager prefill of `ids` (1, S) into fresh cache tensors; the next decode call's inputs."""
-    mask = torch.ones_like(ids)
-    kv = [torch.zeros_like(t[:1]) for t in rt.kv]
-    logits = prefill(rt.model, kv, rt.layout, ids, mask, prompt_positions(mask))
-    seq = ids.shape[1]
-    pad_mask = torch.zeros(1, rt.manifest.max_cache_len, dtype=torch.bool)
-    pad_mask[:, : seq + 1] = True
-    return logits.argmax(-1)[:, None], torch.tensor([[seq]]), torch.tensor([seq]), pad_mask, kv
+def _prefilled(rt, ids, rows: int | None = None):
+    """Eager prefill of `ids` (1, S) into fresh cache tensors, in `rows` rows; the next decode call's inputs."""
+    return prefilled_step(rt, ids, rows)[0]

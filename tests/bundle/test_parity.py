@@ -155,8 +155,8 @@ def test_the_compiled_step_over_any_span_equals_it_over_the_whole_cache(name, ru
     from runtime.model.positions import RowPositions
 
     rt = runtime(name)
-    L, rows = rt.contract.max_cache_len, 3
-    for positions in ([0, 0, 0], [2, 5, 4], [7, 30, 12], [L - 1, 40, 90]):
+    L, rows = rt.contract.max_cache_len, 4  # the bundle's one graph steps 4 rows
+    for positions in ([0, 0, 0, 0], [2, 5, 4, 1], [7, 30, 12, 3], [L - 1, 40, 90, 9]):
         span = max(positions) + 1
         where = RowPositions(rows, L, "cpu")
         for i, fed in enumerate(positions):
@@ -167,7 +167,7 @@ def test_the_compiled_step_over_any_span_equals_it_over_the_whole_cache(name, ru
         torch.manual_seed(span)
         kv = [torch.randn_like(t[:rows]) for t in rt.kv]
         whole_kv, span_kv = [t.clone() for t in kv], [t.clone() for t in kv]
-        tokens = torch.tensor([[5], [9], [11]])
+        tokens = torch.tensor([[5], [9], [11], [13]])
         whole = rt.decode(tokens, position, index, where.pad_mask[:rows].contiguous(), whole_kv)
         narrow = rt.decode(tokens, position, index, pad, span_kv)
         torch.testing.assert_close(narrow, whole, atol=1e-4, rtol=1e-4)
