@@ -150,8 +150,11 @@ def test_streams_report_reads_the_targets_from_the_measurements(tmp_path):
 
     admission = {"itl_p50_before_ms": 100.0, "itl_p99_during_ms": 250.0, "stall_max_ms": 260.0,
                  "long_prompt_tokens": 512, "long_prompt_first_token_s": 2.0}  # fmt: skip
+    graphs = [{"batch": b, "step_ms": ms, "ms_per_row": ms / b} for b, ms in ((1, 40.0), (8, 64.0))]
     measured = {
         "rows": 8,
+        "max_cache_len": 2048,
+        "graphs": graphs,
         "one": {"streams": 1, "tokens_per_s": 20.0, "itl_p50_ms": 50.0, "itl_p99_ms": 55.0},
         "many": {"streams": 8, "tokens_per_s": 110.0, "itl_p50_ms": 72.0, "itl_p99_ms": 90.0},
         "admission": [admission | {"prefill_chunk": None, "p99_over_p50": 9.0},
@@ -166,6 +169,7 @@ def test_streams_report_reads_the_targets_from_the_measurements(tmp_path):
                           "measured": measured}, tmp_path)  # fmt: skip
     report = (tmp_path / "streams.md").read_text()
     assert report.count("| met |") == 3 and "chunks of 32" in report
+    assert "| 8 | 64.0 | 8.0 | 1.60× |" in report  # each graph's step, per row and against batch 1
 
 
 def test_serve_report_compares_with_transformers_serve():
@@ -180,7 +184,9 @@ def test_serve_report_compares_with_transformers_serve():
         server("transformers serve --compile", 40.0, 30.0, ["a", "c"]),
         server("transformers serve --continuous-batching", 5.0, 50.0, ["x", "c"]),
     ]}  # fmt: skip
-    assert figures(results) == pytest.approx(
+    found = figures(results)
+    assert found.pop("tps_vs_llama_server") is None  # llama-server was not run
+    assert found == pytest.approx(
         {
             "cold_vs_compile": 20.0,
             "cold_vs_plain": 0.5,
@@ -189,6 +195,8 @@ def test_serve_report_compares_with_transformers_serve():
             "plain_same_as_cb": 1,
         }
     )
+    results["servers"].append(server("llama-server", 1.0, 60.0, ["a", "b"]))
+    assert figures(results)["tps_vs_llama_server"] == pytest.approx(1.5)
 
 
 def test_portable_cpu_isa_bundle(bundle, checkpoint, tmp_path):
