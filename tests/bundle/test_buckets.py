@@ -36,6 +36,14 @@ def _left_padded(rows: int) -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def _standing(rt, batch: int) -> tuple:
+    """The step inputs (position_ids, cache_position, pad_mask) of `batch` rows that each hold 3 tokens."""
+    rows = RowPositions(batch, rt.manifest.max_cache_len, "cpu")
+    rows.place(slice(0, batch), torch.ones(batch, 4, dtype=torch.long), 3)
+    rows.advance(torch.ones(batch, dtype=torch.bool))
+    return rows.inputs(batch)
+
+
 def test_the_bundle_has_a_graph_per_bucket_each_checked_at_its_batch(rt):
     assert rt.manifest.batches == (1, 4, 8)
     for graph in rt.manifest.graphs:
@@ -76,15 +84,13 @@ def test_every_graph_reads_the_one_copy_of_the_weights(rt):
     assert lent and all(t.data_ptr() in params for t in lent.values())
     weight = rt.model.lm_head.weight
     for batch in rt.manifest.batches:
-        rows = RowPositions(batch, rt.manifest.max_cache_len, "cpu")
-        rows.place(slice(0, batch), torch.ones(batch, 4, dtype=torch.long), 3)
-        rows.advance(torch.ones(batch, dtype=torch.bool))
+        inputs = _standing(rt, batch)
         kv = [t[:batch].clone() for t in rt.kv]  # each call writes the same slot: start each from the same cache
         token = torch.full((batch, 1), 17)
-        before = rt.decode(token, *rows.inputs(batch), [t.clone() for t in kv])
+        before = rt.decode(token, *inputs, [t.clone() for t in kv])
         weight.mul_(2)
         try:
-            doubled = rt.decode(token, *rows.inputs(batch), [t.clone() for t in kv])
+            doubled = rt.decode(token, *inputs, [t.clone() for t in kv])
         finally:
             weight.div_(2)
         torch.testing.assert_close(doubled, 2 * before)
@@ -96,10 +102,7 @@ def test_a_row_computes_the_same_logits_in_every_graph(rt):
     batch-4 and batch-8 graphs gives the same logits (to fp32 rounding of the attention)."""
     outputs = []
     for batch in rt.manifest.batches:
-        rows = RowPositions(batch, rt.manifest.max_cache_len, "cpu")
-        rows.place(slice(0, batch), torch.ones(batch, 4, dtype=torch.long), 3)
-        rows.advance(torch.ones(batch, dtype=torch.bool))
         kv = [torch.zeros_like(t[:batch]) for t in rt.kv]
-        outputs.append(rt.decode(torch.full((batch, 1), 17), *rows.inputs(batch), kv)[0])
+        outputs.append(rt.decode(torch.full((batch, 1), 17), *_standing(rt, batch), kv)[0])
     for other in outputs[1:]:
         torch.testing.assert_close(other, outputs[0], atol=1e-5, rtol=0)
