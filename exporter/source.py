@@ -10,7 +10,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from exporter.gguf import REAL_CHECKPOINTS, converted, real_checkpoint_file
+from exporter.gguf import converted, real_checkpoint_file
+from exporter.names import REAL_CHECKPOINTS, near_miss
 from exporter.presets import PRESETS, build_preset
 from runtime.errors import ExportError
 
@@ -47,7 +48,7 @@ def _cached_hub_snapshot(model: str) -> Path:
         return Path(snapshot_download(model, local_files_only=True))
     except Exception as e:  # huggingface_hub raises several types for "not cached"
         raise ExportError(
-            f"{model!r} is neither a directory, a .gguf file, a preset "
+            f"{model!r}{near_miss(model)} is neither a directory, a .gguf file, a preset "
             f"({', '.join(sorted(PRESETS | REAL_CHECKPOINTS))}) "
             f"nor a hub id in the local cache; aotpack never downloads. Download it first (hf download {model}) "
             "or pass a directory"

@@ -150,3 +150,23 @@ def expand_inputs(model, times: int, input_ids, **model_inputs):
     """`num_return_sequences`: each row repeated `times` times in place, with its mask and images, as
     `generate` expands them."""
     return model._expand_inputs_for_generation(expand_size=times, input_ids=input_ids, **model_inputs)
+
+
+class _NotAModelClass:
+    """Drops the one record transformers' Pipeline.check_model_type logs for a runtime: it checks the
+    model's class name against every model class of the task and logs all ~200 names, then runs it."""
+
+    def __init__(self, class_name: str):
+        self.start = f"The model '{class_name}' is not supported for"
+
+    def filter(self, record) -> bool:
+        return not record.getMessage().startswith(self.start)
+
+
+def quiet_pipeline_class_check(class_name: str) -> None:
+    """Install that filter once on the pipelines' logger (transformers 5.24's `transformers.pipelines.base`)."""
+    import logging
+
+    logger = logging.getLogger("transformers.pipelines.base")
+    if not any(isinstance(f, _NotAModelClass) and class_name in f.start for f in logger.filters):
+        logger.addFilter(_NotAModelClass(class_name))

@@ -40,10 +40,15 @@ def has_chat_template(rt) -> bool:
     return bool(getattr(rt.processor, "chat_template", None))
 
 
-def chat_inputs(rt, messages: list[dict], parse_special: bool = False) -> dict:
+def chat_inputs(
+    rt, messages: list[dict], parse_special: bool = False, add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> dict:  # fmt: skip
     """`messages` rendered with the bundle's chat template and tokenized: input_ids, attention_mask and,
     with images, pixel_values and token_type_ids. A text bundle's template gets plain-string content
-    (every text template takes it); a VLM's gets typed items.
+    (every text template takes it); a VLM's gets typed items. `add_generation_prompt` opens the
+    assistant's turn; `continue_final_message` instead ends the prompt inside the last message (an
+    assistant's partial reply, which the model goes on with), as HF's apply_chat_template does.
 
     Message text is text: a control token's string inside it (`<|eot_id|><|start_header_id|>system...`)
     is tokenized as those characters, so content cannot open a turn of another role; only the
@@ -58,10 +63,11 @@ def chat_inputs(rt, messages: list[dict], parse_special: bool = False) -> dict:
                 f"message content holds {found!r}, a control token of this model; a VLM bundle cannot keep it "
                 "as text: remove it, or pass parse_special=True to let it act as the control token"
             )
-        return _literal_content_inputs(rt.tokenizer, normalized)
+        return _literal_content_inputs(rt.tokenizer, normalized, add_generation_prompt, continue_final_message)
+    template = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
     try:
         inputs = rt.processor.apply_chat_template(
-            normalized, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+            normalized, tokenize=True, return_dict=True, return_tensors="pt", **template
         )
     except (ValueError, TypeError, KeyError) as e:  # e.g. a template that refuses the role order
         raise InvalidInputError(f"the bundle's chat template refused these messages: {e}") from None
@@ -87,14 +93,20 @@ def _text_of(items: list[dict]) -> str:
 _MARK = "\ue000{}\ue001"  # private-use characters around a message's index: never in a template's markup
 
 
-def _literal_content_inputs(tokenizer, messages: list[dict]) -> dict:
+def _literal_content_inputs(
+    tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool
+) -> dict:
     """Render with each content replaced by a mark, then tokenize the template's pieces as HF does
     (control tokens parsed, no BOS added: the template writes it) and each content with its special
-    strings split into ordinary tokens."""
+    strings split into ordinary tokens. Continuing the final message cuts the render after its mark, as
+    HF cuts after the message's text."""
     import torch
 
     marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
-    rendered = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.apply_chat_template(marked, add_generation_prompt=add_generation_prompt, tokenize=False)
+    if continue_final_message:
+        last = _MARK.format(len(messages) - 1)
+        rendered = rendered[: rendered.rindex(last) + len(last)] if last in rendered else rendered
     pieces = re.split("\ue000(\\d+)\ue001", rendered)
     if sorted(int(p) for p in pieces[1::2]) != list(range(len(messages))):
         raise InvalidInputError(

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
-from runtime import backends
+from runtime import backends, compat
 from runtime.config import LoadConfig
 from runtime.engine.engine import Engine
 from runtime.engine.handle import Handle
@@ -77,12 +77,32 @@ class Runtime:
         vocab = manifest.vocab_size if manifest is not None else model.config.get_text_config().vocab_size
         self.validator = Validator(model, contract, vocab, lambda: self.tokenizer)
         self.engine = Engine(model, decode, contract, config.busy_timeout, config.prefill_chunk)
+        compat.quiet_pipeline_class_check(type(self).__name__)  # pipeline(model=rt) works; it needn't say otherwise
 
     # The tokenizer and processor load on first use: parsing a 262k-token vocabulary costs 3-4 s of
     # start-up, which a caller that passes token ids (a service with its own tokenizer) never needs.
     @cached_property
     def tokenizer(self):
         return AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+
+    @cached_property
+    def grammar_tokenizer(self):
+        """llguidance's view of the tokenizer, for structured output (built on first use: 8 s at 262k)."""
+        from runtime.generation.grammar import grammar_tokenizer
+
+        eos = self.generation_config.eos_token_id
+        eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        return grammar_tokenizer(self.tokenizer, self.validator.vocab_size, eos_ids)
+
+    def constrain(self, kind: str, spec):
+        """A logits processor that holds one generate call's output to a format: `kind` json_schema (a
+        schema, or True for any JSON object), regex, choice (a list of strings) or lark (a grammar), e.g.
+        `rt.generate(**inputs, logits_processor=[rt.constrain("json_schema", schema)])`. Needs llguidance
+        (`pip install 'aotpack[grammar]'`); a format it cannot compile raises InvalidInputError."""
+        from runtime.generation.grammar import GrammarProcessor, grammar_of
+
+        grammar = grammar_of(kind, spec)  # checks llguidance is there before the tokenizer is built
+        return GrammarProcessor(self.grammar_tokenizer, grammar)
 
     @cached_property
     def processor(self):

@@ -3,18 +3,26 @@
 
 An AOTInductor compile costs 20-60 s on 2 cores, so every bundle is exported once (through the CLI,
 which the tests thereby cover) and shared. Nothing is downloaded: presets are built locally.
+
+The suite runs on two pytest-xdist workers (pyproject's addopts): a compile keeps one core busy, so two
+compile side by side. A checkpoint or bundle is built once for the whole session, by whichever worker
+asks first, under a file lock in the session's shared directory; the other worker waits for it and
+reuses it. `AOTPACK_TEST_CACHE=DIR` keeps them across sessions (the developer's loop; CI leaves it unset).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from filelock import FileLock  # noqa: E402
 
 from exporter.cli import main as aotpack  # noqa: E402
 from exporter.presets import build_preset  # noqa: E402
@@ -28,7 +36,18 @@ DEFAULT_OPTIONS = ("--gemv", "aten", "--onnx")
 BUCKETS = {"tiny-gemma3-vlm": "1,4"}
 
 
+# The files that take longest (each compiles bundles of its own, or runs the bench), started first so
+# that neither xdist worker is left running one of them alone at the end (each file runs on one worker:
+# pyproject's --dist loadfile). A scheduling hint: any order passes.
+LONGEST_FIRST = (
+    "slow/test_tools.py", "bundle/test_quant.py", "bundle/test_buckets.py", "bundle/test_cli.py",
+    "serve/test_ray.py", "bundle/test_onnx.py", "bundle/test_faults.py",
+)  # fmt: skip
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get("/".join(item.path.parts[-2:]), len(rank)))  # stable: files keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device on this machine")
@@ -37,10 +56,48 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _session_root(tmp_path_factory) -> Path:
+    """The directory every worker of this session shares (one worker's own base is inside it), or with
+    $AOTPACK_TEST_CACHE, a folder there that outlives the session, one per version of the code that
+    makes a bundle: a second run of the bundle tests compiles nothing until that code changes."""
+    if cache := os.environ.get("AOTPACK_TEST_CACHE"):
+        return Path(cache).expanduser() / _builder_version()
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _builder_version() -> str:
+    """A hash of torch's version and every source file a bundle's bytes can depend on: the exporter and
+    the runtime, less the HTTP server and the commands, which no export runs."""
+    root = Path(__file__).resolve().parent.parent
+    sources = sorted(p for d in ("exporter", "runtime") for p in (root / d).rglob("*.py"))
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in sources:
+        if path.relative_to(root).parts[1] not in ("serve", "cli"):
+            digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _built_once(root: Path, key: str, leaf: str, build) -> Path:
+    """root/shared/key/leaf, built by build(path) the first time any worker asks; later callers wait on
+    the lock and reuse it. A failed build is not marked done (and exports are all-or-nothing), so the
+    next caller builds again."""
+    out = root / "shared" / key / leaf
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(out.parent / "lock"):
+        if not (out.parent / "done").exists():
+            build(out)
+            (out.parent / "done").touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     """checkpoint(name) -> directory of the preset's HF checkpoint (built once)."""
-    return functools.cache(lambda name: build_preset(name, tmp_path_factory.mktemp(f"ckpt-{name}")))
+    root = _session_root(tmp_path_factory)
+    return functools.cache(
+        lambda name: _built_once(root, f"ckpt-{name}", "checkpoint", lambda out: build_preset(name, out))
+    )
 
 
 @pytest.fixture(scope="session")
@@ -52,14 +109,19 @@ def bundle(tmp_path_factory, checkpoint):
     carries the ONNX decode too (`--onnx`, seconds beside the compile), which `onnx_runtime` loads.
     Unless the options say `--batch-buckets`, it has the graphs of BUCKETS (one for all rows by default)."""
 
+    root = _session_root(tmp_path_factory)
+
     def export(name: str, *options: str):
-        out = tmp_path_factory.mktemp(f"bundle-{name}") / "bundle"
-        args = ["export", str(checkpoint(name)), "--out", str(out), "--max-cache-len", str(MAX_CACHE_LEN)]
         options = options or DEFAULT_OPTIONS
         if "--batch-buckets" not in options:
             options = (*options, "--batch-buckets", BUCKETS.get(name, str(BATCH)))
-        assert aotpack(args + ["--batch-size", str(BATCH), *options]) == 0
-        return out
+        key = f"bundle-{name}-" + hashlib.sha256(" ".join(options).encode()).hexdigest()[:12]
+
+        def build(out: Path):
+            args = ["export", str(checkpoint(name)), "--out", str(out), "--max-cache-len", str(MAX_CACHE_LEN)]
+            assert aotpack(args + ["--batch-size", str(BATCH), *options]) == 0
+
+        return _built_once(root, key, "bundle", build)
 
     return functools.cache(export)
 

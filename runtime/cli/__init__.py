@@ -58,6 +58,10 @@ def _add_sampling(p) -> None:
     p.add_argument("--temperature", type=float, help="sample with this temperature (default: the bundle's defaults)")
     p.add_argument("--top-k", type=int, help="sample from the k most likely tokens")
     p.add_argument("--top-p", type=float, help="sample from the smallest set of tokens with this probability")
+    p.add_argument("--min-p", type=float, help="drop tokens less likely than this fraction of the most likely one")
+    p.add_argument(
+        "--repetition-penalty", type=float, help="divide the scores of tokens already seen by this (HF's; 1: none)"
+    )
     p.add_argument("--greedy", action="store_true", help="decode greedily, whatever the bundle's defaults say")
 
 
@@ -124,7 +128,15 @@ def _add_serve(sub) -> None:
         "user cannot open a turn of another role)",
     )
     s.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds in-flight requests get after SIGTERM")
-    s.add_argument("--model-name", help="the model id reported by /v1/models (default: the bundle's folder name)")
+    s.add_argument(
+        "--served-model-name",
+        "--model-name",
+        nargs="+",
+        metavar="NAME",
+        dest="served_model_names",
+        help="the model ids requests may name, the first reported by /v1/models; any other gets a 404 "
+        "(default: the bundle's folder name)",
+    )
     _add_load(s)
     r = s.add_argument_group("scale-out on Ray Serve (pip install 'aotpack[ray]')")
     r.add_argument("--ray", action="store_true", help="serve replicas of the bundle through Ray Serve's HTTP proxy")
@@ -170,7 +182,8 @@ def _run(args) -> int:
     config = RunConfig(
         bundle=args.bundle, prompt=args.prompt, system=args.system, images=tuple(args.image),
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        greedy=args.greedy, seed=args.seed, load=load_config(args),
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty, greedy=args.greedy, seed=args.seed,
+        load=load_config(args),
     )  # fmt: skip
     run(config)
     return 0
@@ -183,7 +196,10 @@ def _chat(args) -> int:
     quiet()
     config = ChatConfig(
         bundle=args.bundle, system=args.system, images=tuple(args.image), max_new_tokens=args.max_new_tokens,
-        sampling=sampling_options(args.temperature, args.top_k, args.top_p, args.greedy),
+        sampling=sampling_options(
+            greedy=args.greedy, repetition_penalty=args.repetition_penalty, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        ),
         drop_oldest=args.drop_oldest, load=load_config(args),
     )  # fmt: skip
     return chat(config)
@@ -207,7 +223,7 @@ def _serve(args) -> int:
         max_body_bytes=args.max_body_bytes, max_image_pixels=args.max_image_pixels,
         max_request_pixels=args.max_request_pixels, max_images=args.max_images, parse_special=args.parse_special,
         max_stops=args.max_stops, max_stop_chars=args.max_stop_chars,
-        shutdown_grace=args.shutdown_grace, model_name=args.model_name,
+        shutdown_grace=args.shutdown_grace, served_model_names=tuple(args.served_model_names or ()),
         load=load_config(args, prefill_chunk=_prefill_chunk(args.prefill_chunk)),
     )  # fmt: skip
     if ray is None:

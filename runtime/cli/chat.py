@@ -9,15 +9,43 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from runtime.cli.run import CHAT_DEFAULTS, decides_decoding
 from runtime.config import LoadConfig
 from runtime.errors import AotpackError, InvalidInputError
 from runtime.inputs import open_images
 from runtime.text import TextPieces
 
-HELP = "/reset clears the conversation, /image PATH attaches an image to your next message (VLM bundles), /exit"
+HELP = "/reset clears the conversation, /exit"
+IMAGE_HELP = "/image PATH attaches an image to your next message"
+
+
+def _help(rt) -> str:
+    """The commands this bundle takes: /image only where it takes images."""
+    return HELP.replace(", /exit", f", {IMAGE_HELP}, /exit") if rt.is_multimodal else HELP
+
+
+def turn_sampling(flags: dict, defaults) -> tuple[dict, str]:
+    """The options every turn decodes with, and the line saying which: the command line's if they say
+    how to decode, else the bundle's sampling defaults (its generation_config), else CHAT_DEFAULTS."""
+    if decides_decoding(flags):
+        how = "greedy" if not flags["do_sample"] else f"sampling with {_settings(flags)}"
+        return flags, f"decoding: {how} (from the command line)"
+    if defaults.do_sample:
+        bundle = {k: getattr(defaults, k, None) for k in CHAT_DEFAULTS if k != "do_sample"}
+        return flags, f"decoding: sampling with the bundle's defaults ({_settings(bundle | flags)})"
+    chosen = CHAT_DEFAULTS | flags
+    return chosen, (
+        f"decoding: sampling with {_settings(chosen)}, llama.cpp's defaults (the bundle has none of its own; "
+        "--greedy decodes greedily, --temperature etc. set them)"
+    )
+
+
+def _settings(options: dict) -> str:
+    shown = {k: v for k, v in options.items() if k != "do_sample" and v is not None}
+    return ", ".join(f"{k.replace('_', '-')} {v:g}" for k, v in shown.items()) or "no warper"
 
 
 @dataclass(frozen=True)
@@ -26,7 +54,7 @@ class ChatConfig:
     system: str | None = None
     images: tuple[Path, ...] = ()  # attached to the first message
     max_new_tokens: int = 256
-    sampling: dict | None = None  # generate() options from the command line; None keeps the bundle's
+    sampling: dict | None = None  # generate() options from the command line (runtime.cli.run.sampling_options)
     drop_oldest: bool = False
     load: LoadConfig = field(default_factory=LoadConfig)
     history: Path | None = Path("~/.aotpack_history")  # readline history; None keeps none
@@ -66,11 +94,14 @@ def chat(config: ChatConfig, out=sys.stdout) -> int:
     if images and not rt.is_multimodal:
         raise InvalidInputError(f"--image given, but {config.bundle} is a text-only bundle")
     m = rt.manifest
+    sampling, decoding = turn_sampling(config.sampling or {}, rt.generation_config)
     print(
         f"aotpack chat: {config.bundle} ({m.model_class}, {m.dtype}), ready in {time.perf_counter() - start:.1f} s",
         file=out,
     )
-    print(f"{HELP}; Ctrl-C stops a reply, Ctrl-D exits.", file=out, flush=True)
+    print(decoding, file=out)
+    print(f"{_help(rt)}; Ctrl-C stops a reply, Ctrl-D exits.", file=out, flush=True)
+    config = replace(config, sampling=sampling)
     history = _readline(config.history)
     with rt.session(system=config.system, drop_oldest=config.drop_oldest) as session:
         while True:
@@ -113,7 +144,7 @@ def _command(line: str, session, rt, images: list, out) -> list:
             except AotpackError as e:
                 print(f"error: {e}", file=out)
     else:
-        print(HELP, file=out)
+        print(_help(rt), file=out)
     return images
 
 

@@ -30,6 +30,8 @@ class RunConfig:
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
     greedy: bool = False
     seed: int | None = None
     load: LoadConfig = field(default_factory=LoadConfig)
@@ -44,21 +46,34 @@ class RunConfig:
 
     @property
     def options(self) -> dict:
-        return sampling_options(self.temperature, self.top_k, self.top_p, self.greedy)
+        flags = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
+        return sampling_options(greedy=self.greedy, repetition_penalty=self.repetition_penalty, **flags)
 
 
-def sampling_options(temperature=None, top_k=None, top_p=None, greedy: bool = False) -> dict:
-    """generate() options from the command line's sampling flags: none given keeps the bundle's own
-    generation defaults; any given samples with them; --greedy decodes greedily."""
-    given = {k: v for k, v in {"temperature": temperature, "top_k": top_k, "top_p": top_p}.items() if v is not None}
+# llama.cpp's and Ollama's defaults. `chat` samples with them when neither the command line nor the bundle
+# says how to decode: greedy decoding makes a small instruct model repeat itself within a turn or two.
+CHAT_DEFAULTS = {"do_sample": True, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
+
+def sampling_options(greedy: bool = False, repetition_penalty: float | None = None, **sampling) -> dict:
+    """generate() options from the command line's flags: no sampling flag (temperature, top_k, top_p,
+    min_p) keeps the bundle's own generation defaults; any given samples with them; --greedy decodes
+    greedily. A repetition penalty applies either way (HF applies it to greedy decoding too)."""
+    given = {k: v for k, v in sampling.items() if v is not None}
     if greedy and given:
         raise InvalidInputError(
             f"--greedy cannot be combined with {', '.join('--' + k.replace('_', '-') for k in given)}"
         )
-    check_options(given, vocab_size=1)
+    penalty = {"repetition_penalty": repetition_penalty} if repetition_penalty is not None else {}
+    options = check_options(given | penalty, vocab_size=1)
     if greedy:
-        return {"do_sample": False}
-    return given | ({"do_sample": True} if given else {})
+        return {"do_sample": False} | options
+    return options | ({"do_sample": True} if given else {})
+
+
+def decides_decoding(options: dict) -> bool:
+    """Whether command-line options say how to decode (sample or not), leaving nothing to defaults."""
+    return "do_sample" in options
 
 
 def turn_inputs(rt, system: str | None, prompt: str, images: list) -> dict:
@@ -89,11 +104,12 @@ def run(config: RunConfig, out=None) -> dict:
     for piece in _timed_text(rt.tokenizer, handle.tokens(), stamps):
         out.write(piece)
         out.flush()
+    out.write("\n")  # the reply is a line of its own: a shell prompt or `>> file` starts after it
     prefill_ms = (stamps[0] - start) * 1e3
     decode_ms = (stamps[-1] - stamps[0]) * 1e3 / max(len(stamps) - 1, 1)
     mode = "sampled" if handle.request.config.do_sample else "greedy"
     print(
-        f"\n[load {load_s:.2f} s | prefill {prefill_ms:.1f} ms, {inputs['input_ids'].shape[1]} tokens | decode "
+        f"[load {load_s:.2f} s | prefill {prefill_ms:.1f} ms, {inputs['input_ids'].shape[1]} tokens | decode "
         f"{decode_ms:.2f} ms/token ({1e3 / decode_ms if decode_ms else 0:.1f} tokens/s), {len(stamps)} tokens, {mode}]",
         file=sys.stderr,
     )

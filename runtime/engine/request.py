@@ -62,6 +62,9 @@ class Request:
     processors: LogitsProcessorList  # transformers' own, built for this call's options
     stopping: StoppingCriteriaList  # transformers' own: length, time, stop strings, eos, the caller's
     ends_in_image: bool = False  # the last prompt token is an image token: the text-only step cannot take it
+    # num_return_sequences of a text prompt: each prompt row is repeated `copies` times in a row, and the
+    # engine prefills one of each and copies its cache (runtime.engine.runner.Runner.prefill)
+    copies: int = 1
 
     @property
     def keeps_scores(self) -> bool:

@@ -72,22 +72,34 @@ class Runner:
         last token, which the next step feeds), the rows join the decode steps; a prompt ending in an
         image token runs whole and returns its first logits (b, vocab) fp32. Otherwise None."""
         state, start, end = piece.state, piece.start, piece.end
-        r, kv = state.request, [t[state.rows] for t in self.kv]  # views of the request's rows only
+        r, c = state.request, state.request.copies
+        # views of one row per distinct prompt (every row unless copies > 1), and those prompts
+        kv = [t[state.rows.start : state.rows.stop : c] for t in self.kv]
+        ids, mask = r.input_ids[::c], r.attention_mask[::c]  # (b / c, S)
         assert start == 0 or end < r.prompt_len, "a continuing prefill is text only: it cannot give logits"
         logits = None
         if start > 0:
-            prefill_more(self.model, kv, self.layout, r.input_ids[:, start:end], r.attention_mask[:, :end], start)
+            prefill_more(self.model, kv, self.layout, ids[:, start:end], mask[:, :end], start)
         elif end == r.prompt_len:
-            positions = prompt_positions(r.attention_mask)  # (b, S)
-            logits = prefill(self.model, kv, self.layout, r.input_ids, r.attention_mask, positions, **r.model_inputs)
+            positions = prompt_positions(mask)  # (b, S)
+            logits = prefill(self.model, kv, self.layout, ids, mask, positions, **r.model_inputs)
         elif end > 0:
-            mask, extra = r.attention_mask[:, :end], head_inputs(r.model_inputs, r.input_ids.shape, end)
-            prefill_states(self.model, kv, self.layout, r.input_ids[:, :end], mask, prompt_positions(mask), **extra)
+            extra = head_inputs(r.model_inputs, ids.shape, end)
+            prefill_states(
+                self.model, kv, self.layout, ids[:, :end], mask[:, :end], prompt_positions(mask[:, :end]), **extra
+            )
         if end >= state.final:
+            self._copy_prompts(state.rows, c)
             self.begin_decoding(state, end)
         else:
             self.positions.park(state.rows, end)  # the next chunk overwrites what the steps write there
         return logits
+
+    def _copy_prompts(self, rows: slice, copies: int) -> None:
+        """Each prefilled row's cache into the `copies - 1` rows after it (num_return_sequences)."""
+        for k in range(1, copies):
+            for t in self.kv:
+                t[rows.start + k : rows.stop : copies] = t[rows.start : rows.stop : copies]
 
     def begin_decoding(self, state: RequestState, fed: int) -> None:
         """The prompt's first `fed` tokens are in the cache: the rows decode from the next step, fed the

@@ -29,6 +29,10 @@ def _ids(v) -> bool:
     return isinstance(v, (list, tuple)) and all(_int(t) for t in v)
 
 
+def _bias(pair) -> bool:
+    return isinstance(pair, (list, tuple)) and len(pair) == 2 and _ids(pair[0]) and len(pair[0]) > 0 and _real(pair[1])
+
+
 # name -> (accepts the value, what it must be)
 RULES = {
     "max_new_tokens": (lambda v: _int(v) and v >= 1, "a positive integer"),
@@ -50,6 +54,10 @@ RULES = {
         "a non-empty list of non-empty lists of token ids",
     ),
     "suppress_tokens": (_ids, "a list of token ids"),
+    "sequence_bias": (
+        lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(_bias(p) for p in v),
+        "a non-empty list of [token ids, bias] pairs",
+    ),
     "begin_suppress_tokens": (_ids, "a list of token ids"),
     "bos_token_id": (_int, "a token id"),
     "max_time": (lambda v: _real(v) and v >= 0, "a number of seconds >= 0"),
@@ -92,13 +100,21 @@ def check_options(options: dict, vocab_size: int) -> dict:
         accepts, meaning = RULES[name]
         if not accepts(value):
             raise InvalidInputError(f"{name} must be {meaning}, got {value!r:.60}")
-    for name in ("bad_words_ids", "suppress_tokens", "begin_suppress_tokens"):
-        value = options.get(name)
-        ids = [t for w in value for t in w] if name == "bad_words_ids" and value else list(value or [])
+    for name in ("bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "sequence_bias"):
+        ids = _listed_ids(name, options.get(name))
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             raise InvalidInputError(f"{name} holds token id {bad[0]}, outside the vocabulary 0..{vocab_size - 1}")
     return {k: float(v) if k in FLOATS and v is not None else v for k, v in options.items()}
+
+
+def _listed_ids(name: str, value) -> list[int]:
+    """Every token id an id-listing option names."""
+    if not value:
+        return []
+    if name == "sequence_bias":
+        return [t for ids, _ in value for t in ids]
+    return [t for w in value for t in w] if name == "bad_words_ids" else list(value)
 
 
 def check_generator(generator, device: str) -> None:

@@ -44,6 +44,7 @@ GENERATE_KWARGS = (
     "bad_words_ids",
     "suppress_tokens",
     "begin_suppress_tokens",
+    "sequence_bias",  # [[token ids, bias], ...]: HF's SequenceBiasLogitsProcessor (serve's logit_bias)
     "eos_token_id",
     "pad_token_id",
     "bos_token_id",
@@ -96,6 +97,7 @@ class Validator:
         eos_ids, pad = self._special_tokens(config, input_ids.device)
         processors, stopping = self._criteria(config, attention_mask, objects)
         ends_in_image = holds_image(self.model.config, input_ids[:, -1])
+        copies = 1 if model_inputs else (config.num_return_sequences or 1)  # with images each row is prefilled
         return Request(
             input_ids,
             attention_mask,
@@ -107,6 +109,7 @@ class Validator:
             processors,
             stopping,
             ends_in_image,
+            copies,
         )
 
     def _criteria(self, config, attention_mask, objects: dict) -> tuple[LogitsProcessorList, StoppingCriteriaList]:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import time
-import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,24 +22,28 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.errors import EngineClosedError, InvalidInputError, QueueFullError, RuntimeBusyError
-from runtime.serve.completion import TextStream, check_stops, generate_options
+from runtime.serve import access
+from runtime.serve.choices import TextStream
+from runtime.serve.completion import check_stops, generate_options, n_choices
 from runtime.serve.config import ServeConfig
 from runtime.serve.messages import ImageBudget, chat_inputs, chat_messages, prompt_inputs
 from runtime.serve.metrics import Metrics
+from runtime.serve.reply import Reply
 from runtime.serve.schema import ChatRequest, CompletionRequest
 
 OPEN_PATHS = ("/health", "/ready", "/metrics")  # no key needed: probes and scrapers
 
 
 class ServeError(Exception):
-    def __init__(self, status: int, message: str, kind: str, headers: dict | None = None):
+    def __init__(self, status: int, message: str, kind: str, headers: dict | None = None, **where):
         super().__init__(message)
         self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
+        self.where = where  # param and code, where OpenAI's shape names them
 
 
-def error_response(status: int, message: str, kind: str, headers=None) -> JSONResponse:
+def error_response(status: int, message: str, kind: str, headers=None, param=None, code=None) -> JSONResponse:
     """OpenAI's error shape."""
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -61,6 +63,7 @@ def _install_guards(app: FastAPI, config: ServeConfig) -> None:
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
+        request.state.arrived = time.perf_counter()
         if config.api_key and request.url.path not in OPEN_PATHS and not _authorized(request, config.api_key):
             return _counted(app, request, error_response(401, "invalid or missing API key", "authentication_error"))
         length = request.headers.get("content-length")
@@ -108,23 +111,27 @@ def _authorized(request: Request, key: str) -> bool:
 
 
 def _counted(app: FastAPI, request: Request, response: Response) -> Response:
+    """Count and log an API request's response; a generation's line waits for its reply's end."""
     if request.url.path.startswith("/v1/"):
         app.state.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+        if not getattr(request.state, "generating", False):
+            access.request_done(request, response.status_code)
     return response
 
 
 def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_, exc: RequestValidationError):
+        """pydantic's first complaint, said as OpenAI says one: the field in `param`, the message without
+        pydantic's "Value error, " (aotpack's own checks say what to send instead)."""
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())[1:])
-        return error_response(
-            400, f"{where}: {first.get('msg', 'invalid request')}".strip(": "), "invalid_request_error"
-        )
+        message = first.get("msg", "invalid request").removeprefix("Value error, ")
+        return error_response(400, f"{where}: {message}".strip(": "), "invalid_request_error", param=where or None)
 
     @app.exception_handler(ServeError)
     async def served(_, exc: ServeError):
-        return error_response(exc.status, exc.message, exc.kind, exc.headers)
+        return error_response(exc.status, exc.message, exc.kind, exc.headers, **exc.where)
 
     @app.exception_handler(StarletteHTTPException)
     async def http(_, exc: StarletteHTTPException):
@@ -151,8 +158,10 @@ def _install_probes(app: FastAPI) -> None:
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": app.state.config.name, "object": "model", "created": 0, "owned_by": "aotpack"}
-        return {"object": "list", "data": [card]}
+        cards = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "aotpack"} for name in app.state.config.names
+        ]
+        return {"object": "list", "data": cards}
 
 
 def _install_generation(app: FastAPI) -> None:
@@ -161,7 +170,9 @@ def _install_generation(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         def inputs(rt):
-            return chat_inputs(rt, chat_messages(body.messages, budget), app.state.config.parse_special)
+            template = {"add_generation_prompt": body.add_generation_prompt}
+            template["continue_final_message"] = body.continue_final_message
+            return chat_inputs(rt, chat_messages(body.messages, budget), app.state.config.parse_special, **template)
 
         return await _respond(app, request, body, inputs, "chat")
 
@@ -184,20 +195,31 @@ def _image_budget(rt, config: ServeConfig) -> ImageBudget:
 
 async def _respond(app: FastAPI, request: Request, body, build_inputs, kind: str):
     rt = app.state.rt
-    inputs, handle, options = await run_in_threadpool(_submit, app, body, build_inputs)
+    if body.model is not None and body.model not in app.state.config.names:  # vLLM's answer, word for word
+        raise ServeError(404, f"The model `{body.model}` does not exist.", "NotFoundError", param="model", code=404)
+    inputs, handle, copies = await run_in_threadpool(_submit, app, body, build_inputs)
+    request.state.generating = True  # logged when the reply ends (_ended), not when the response starts
     prompt_tokens = inputs["input_ids"].shape[1]
-    text = TextStream(rt.tokenizer, handle, body.stop)
-    reply = Reply(kind, app.state.config.name, prompt_tokens)
+    text = TextStream(rt.tokenizer, handle, body.stop, body.alternatives, copies)
+    reply = Reply(kind, body.model or app.state.config.name, prompt_tokens, text)  # an alias is answered as itself
     if body.stream:
-        return StreamingResponse(_events(app, handle, text, reply, body), media_type="text/event-stream")
+        return StreamingResponse(_events(app, request, handle, text, reply, body), media_type="text/event-stream")
     try:
-        content = "".join(await _unless_gone(request, handle, run_in_threadpool(list, text)))
+        pieces = await _unless_gone(request, handle, run_in_threadpool(list, text))
     except Exception as e:
+        request.state.generating = False  # the error response's own line says its status
         raise _failure(e) from None
     finally:
-        handle.cancel()
-        app.state.metrics.finished(handle, prompt_tokens)
-    return reply.whole(content, text)
+        _ended(app, request, handle, text, reply)
+    return reply.whole({row: "".join(p for r, p in pieces if r == row) for row in range(len(text.rows))})
+
+
+def _ended(app: FastAPI, request: Request, handle, text: TextStream, reply: Reply) -> None:
+    """A reply has ended (or its client left): free its rows, record its tokens and times."""
+    handle.cancel()
+    app.state.metrics.finished(handle, reply.prompt_tokens)
+    if request.state.generating:
+        access.generation_done(request, reply.id, handle, text, reply.prompt_tokens)
 
 
 def _submit(app: FastAPI, body, build_inputs):
@@ -206,15 +228,16 @@ def _submit(app: FastAPI, body, build_inputs):
     try:
         check_stops(body.stop, config.max_stops, config.max_stop_chars)
         inputs = build_inputs(rt)
-        options = generate_options(body, rt, inputs["input_ids"].shape[1])
-        handle = rt.submit(**inputs, max_waiting=config.max_queue, **options)
+        options, copies = n_choices(body, rt, generate_options(body, rt, inputs["input_ids"].shape[1]))
+        wants = body.alternatives is not None  # logprobs: the raw logits come with each step's tokens
+        handle = rt.submit(**inputs, max_waiting=config.max_queue, want_logits=wants, **options)
     except QueueFullError as e:
         raise ServeError(429, str(e), "rate_limit_error", {"Retry-After": "1"}) from None
     except EngineClosedError as e:
         raise ServeError(503, str(e), "unavailable") from None
     except InvalidInputError as e:
         raise ServeError(400, str(e), "invalid_request_error") from None
-    return inputs, handle, options
+    return inputs, handle, copies
 
 
 async def _unless_gone(request: Request, handle, work):
@@ -240,67 +263,22 @@ def _failure(error: Exception) -> ServeError:
     return ServeError(500, f"generation failed: {type(error).__name__}: {str(error)[:300]}", "server_error")
 
 
-async def _events(app: FastAPI, handle, text: TextStream, reply: Reply, body):
+async def _events(app: FastAPI, request: Request, handle, text: TextStream, reply: Reply, body):
     """Server-sent events; the `finally` runs on completion and on a client's disconnect alike."""
     try:
-        yield reply.event(reply.chunk(""))  # the role first, as OpenAI does
-        async for piece in iterate_in_threadpool(iter(text)):
-            yield reply.event(reply.chunk(piece))
-        yield reply.event(reply.chunk(None, text.finish_reason))
+        for chunk in reply.opening():  # the role first, as OpenAI does
+            yield reply.event(chunk)
+        async for row, piece in iterate_in_threadpool(iter(text)):
+            for chunk in reply.pieces(row, piece):
+                yield reply.event(chunk)
+        for chunk in reply.closing():
+            yield reply.event(chunk)
         if body.include_usage:
-            yield reply.event(reply.usage_chunk(text))
+            yield reply.event(reply.usage_chunk())
         yield "data: [DONE]\n\n"
     except Exception as e:  # the stream has started (200), so the failure is said in-band, then it ends
         failure = _failure(e)
         yield reply.event({"error": {"message": failure.message, "type": failure.kind, "param": None, "code": None}})
         yield "data: [DONE]\n\n"
     finally:
-        handle.cancel()
-        app.state.metrics.finished(handle, reply.prompt_tokens)
-
-
-class Reply:
-    """OpenAI response bodies of one request ("chat" or "text" completion)."""
-
-    def __init__(self, kind: str, model: str, prompt_tokens: int):
-        self.kind, self.model, self.prompt_tokens = kind, model, prompt_tokens
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-
-    def _body(self, obj: str, choice: dict) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
-
-    def usage(self, text: TextStream) -> dict:
-        done = text.completion_tokens
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": done,
-            "total_tokens": self.prompt_tokens + done,
-        }
-
-    def whole(self, content: str, text: TextStream) -> dict:
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None}
-            body = self._body("chat.completion", choice | {"finish_reason": text.finish_reason})
-        else:
-            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": text.finish_reason}
-            body = self._body("text_completion", choice)
-        return body | {"usage": self.usage(text)}
-
-    def chunk(self, piece: str | None, finish: str | None = None) -> dict:
-        if self.kind == "chat":
-            delta = (
-                {} if piece is None else ({"role": "assistant", "content": ""} if piece == "" else {"content": piece})
-            )
-            return self._body("chat.completion.chunk", {"index": 0, "delta": delta, "finish_reason": finish})
-        return self._body(
-            "text_completion", {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish}
-        )
-
-    def usage_chunk(self, text: TextStream) -> dict:
-        body = self._body("chat.completion.chunk" if self.kind == "chat" else "text_completion", {})
-        return body | {"choices": [], "usage": self.usage(text)}
-
-    @staticmethod
-    def event(payload: dict) -> str:
-        return f"data: {json.dumps(payload)}\n\n"
+        _ended(app, request, handle, text, reply)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from runtime.errors import AotpackError
 from runtime.format.reader import read_manifest
+from runtime.serve import access
 from runtime.serve.app import create_app
 from runtime.serve.config import RayConfig, ServeConfig
 from runtime.serve.server import bind, signature_note
@@ -50,6 +51,7 @@ class Replica:
         self.rt.tokenizer  # noqa: B018 (loaded now: the first request should not pay for it)
 
     def __serve_build_asgi_app__(self):
+        access.install()  # each replica's request lines, in its Ray worker's log
         app = create_app(self.rt, self.config)
 
         @app.middleware("http")

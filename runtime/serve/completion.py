@@ -1,19 +1,16 @@
-"""One OpenAI request through the engine, as text: sampling options, stop strings and finish reason.
+"""One OpenAI request's fields as engine options: sampling, stop strings, penalties, biases, formats, n.
 
-Owns: mapping OpenAI's sampling fields onto `generate` options, and `TextStream`, which turns a
-request's tokens into text pieces cut at the first stop string (excluded, as OpenAI does) while
-holding back only as much text as could still start one, and says why the reply ended: "stop" when it
-cut at a stop string, else what the engine recorded (runtime.engine.status.FinishReason.openai).
+Owns: mapping OpenAI's request fields onto `rt.submit` keyword arguments and the server's own bounds on
+stop strings; the reply's text is runtime.serve.choices'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
+from transformers.generation import LogitsProcessorList
 
 from runtime.errors import InvalidInputError
-from runtime.text import stream_text
+from runtime.generation.penalties import AdditivePenalties
 
 
 def check_stops(stops: list[str] | None, max_stops: int, max_chars: int) -> None:
@@ -33,6 +30,16 @@ def generate_options(request, rt, prompt_tokens: int) -> dict:
         options["do_sample"] = False
     elif request.temperature is not None or request.top_p is not None:
         options |= {"do_sample": True, "temperature": request.temperature or 1.0, "top_p": request.top_p or 1.0}
+    options |= _biases(request, rt.validator.vocab_size)
+    processors = LogitsProcessorList()
+    if request.frequency_penalty or request.presence_penalty:
+        processors.append(
+            AdditivePenalties(request.frequency_penalty or 0, request.presence_penalty or 0, prompt_tokens)
+        )
+    if request.output_format is not None:  # last: the mask has the final word on what may come next
+        processors.append(rt.constrain(*request.output_format))
+    if processors:
+        options["logits_processor"] = processors
     if request.stop:
         options["stop_strings"] = list(request.stop)
     if request.seed is not None:
@@ -40,39 +47,28 @@ def generate_options(request, rt, prompt_tokens: int) -> dict:
     return options
 
 
-class TextStream:
-    """Iterate for text pieces; afterwards `finish_reason` and `completion_tokens` are set."""
+def _biases(request, vocab_size: int) -> dict:
+    """logit_bias ({"token id": bias}) as HF's sequence_bias, each id inside the vocabulary."""
+    if not request.logit_bias:
+        return {}
+    outside = [key for key in request.logit_bias if int(key) >= vocab_size]
+    if outside:
+        raise InvalidInputError(f"logit_bias names token {outside[0]}, outside the vocabulary 0..{vocab_size - 1}")
+    return {"sequence_bias": [[[int(key)], bias] for key, bias in request.logit_bias.items()]}
 
-    def __init__(self, tokenizer, handle, stops: list[str] | None):
-        self.tokenizer, self.handle = tokenizer, handle
-        self.stops = list(stops or [])
-        self.completion_tokens = 0
-        self.finish_reason: str | None = None
 
-    def _tokens(self) -> Iterator[torch.Tensor]:
-        for token in self.handle.tokens():
-            self.completion_tokens += 1
-            yield token
-
-    def __iter__(self) -> Iterator[str]:
-        hold = max((len(s) for s in self.stops), default=1) - 1  # characters that could start a stop
-        text, sent = "", 0
-        for piece in stream_text(self.tokenizer, self._tokens()):
-            text += piece
-            cut = self._first_stop(text, max(0, sent - hold))
-            if cut is not None:
-                self.finish_reason = "stop"
-                self.handle.cancel()
-                if cut > sent:
-                    yield text[sent:cut]
-                return
-            if len(text) - hold > sent:
-                yield text[sent : len(text) - hold]
-                sent = len(text) - hold
-        if len(text) > sent:
-            yield text[sent:]
-        self.finish_reason = self.handle.finish_reasons[0].openai
-
-    def _first_stop(self, text: str, start: int) -> int | None:
-        found = [i for s in self.stops if (i := text.find(s, start)) >= 0]
-        return min(found) if found else None
+def n_choices(request, rt, options: dict) -> tuple[dict, int]:
+    """`n` choices: sampled ones are rows of their own (num_return_sequences: the prompt is prefilled
+    once and its rows copied, runtime.engine.runner); greedy ones would be identical, so one row is
+    decoded and reported n times. Returns the options and how many choices each row makes."""
+    if request.n == 1:
+        return options, 1
+    if not options.get("do_sample", rt.generation_config.do_sample):
+        return options, request.n
+    rows = rt.contract.batch_size
+    if request.n > rows:
+        raise InvalidInputError(
+            f"n={request.n} sampled choices decode in {request.n} cache rows at once; this bundle has {rows}: "
+            f"send n <= {rows}, or re-export with a larger --batch-size"
+        )
+    return options | {"num_return_sequences": request.n}, 1

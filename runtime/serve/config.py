@@ -26,7 +26,9 @@ class ServeConfig:
     max_stop_chars: int = 1024  # per stop string (one of a million characters took 16 s and 2.7 GB to match)
     parse_special: bool = False  # control-token strings in message content act as control tokens (else text)
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
-    model_name: str | None = None  # the id /v1/models reports (default: the bundle directory's name)
+    # the model ids requests may name, the first reported by /v1/models (default: the bundle folder's name);
+    # a request naming another model gets a 404, as vLLM answers
+    served_model_names: tuple[str, ...] = ()
     load: LoadConfig = field(default_factory=lambda: LoadConfig(prefill_chunk=PREFILL_CHUNK))
 
     def __post_init__(self):
@@ -44,6 +46,9 @@ class ServeConfig:
                 raise InvalidInputError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.shutdown_grace < 0:
             raise InvalidInputError(f"--shutdown-grace must be >= 0, got {self.shutdown_grace}")
+        bad = [name for name in self.served_model_names if not name or not name.isprintable()]
+        if bad:
+            raise InvalidInputError(f"--served-model-name {bad[0]!r} must be a non-empty printable name")
         if self.api_key is not None and not self.api_key:
             raise InvalidInputError("--api-key is empty; give a key or leave the option out")
         if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()):
@@ -54,8 +59,13 @@ class ServeConfig:
             )
 
     @property
+    def names(self) -> tuple[str, ...]:
+        return self.served_model_names or (Path(self.bundle).resolve().name,)
+
+    @property
     def name(self) -> str:
-        return self.model_name or Path(self.bundle).resolve().name
+        """The id replies and /v1/models carry."""
+        return self.names[0]
 
     def replace(self, **changes) -> ServeConfig:
         return replace(self, **changes)

@@ -42,5 +42,16 @@ class Metrics:
         for a, b in zip(times, times[1:], strict=False):
             self.itl.observe(b - a)
 
+    def served(self) -> int:
+        """API requests answered so far, whatever their status."""
+        return int(
+            sum(
+                sample.value
+                for metric in self.requests.collect()
+                for sample in metric.samples
+                if sample.name.endswith("_total")
+            )
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,17 +1,21 @@
 """The OpenAI request bodies aotpack serves, as pydantic models (FastAPI validates them).
 
 Owns: which fields are accepted and their ranges. Unknown fields are ignored, as OpenAI-compatible
-servers do, except those that would change the answer and are not implemented (`n` > 1, tools and
-tool_choice, logprobs and top_logprobs, response_format other than text, logit_bias, frequency and
-presence penalties; echo, suffix and best_of on completions), which are refused with a 400 naming the
-field rather than silently dropped.
+servers do, except those that would change the answer and are not implemented (tools and
+tool_choice; echo, suffix and best_of on completions), which are refused with a 400 naming the field
+rather than silently dropped.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from runtime.serve.logprobs import MAX_TOP
+
+MAX_CHOICES = 128  # n at most (vLLM's bound); sampled choices are also bounded by the bundle's rows
 
 
 class ImageURL(BaseModel):
@@ -40,18 +44,25 @@ class Sampling(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=0, lt=2**64)
-    n: int = Field(default=1, ge=1, le=1)  # one choice per request
+    n: int = 1  # choices (sampled ones each take a cache row: runtime.serve.completion.n_choices)
     stream_options: dict | None = None
-    logprobs: bool | None = None
     tools: list | None = None
+    # OpenAI's additive penalties over the tokens generated so far (runtime.generation.penalties), and a
+    # bias added to given tokens' logits (HF's sequence_bias): both before temperature and top_p
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
     # OpenAI fields aotpack does not implement yet: each would change the answer, so a value that is not
     # the field's no-op is refused rather than silently ignored.
-    top_logprobs: int | None = None
-    response_format: dict | None = None
-    logit_bias: dict | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
     tool_choice: str | dict | None = None
+    # Structured output (runtime.generation.grammar): OpenAI's response_format, or vLLM's
+    # structured_outputs ({"json"|"regex"|"choice"|"grammar": ...}) and its older guided_* fields
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -61,7 +72,24 @@ class Sampling(BaseModel):
             raise ValueError("stop takes non-empty strings")
         return stops
 
-    @field_validator("logprobs", "tools", "top_logprobs", "logit_bias", "frequency_penalty", "presence_penalty")
+    @field_validator("n")
+    @classmethod
+    def _some_choices(cls, value):
+        if not 1 <= value <= MAX_CHOICES:
+            raise ValueError(f"n must be from 1 to {MAX_CHOICES}, got {value}")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, value):
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids, as strings of digits; got {key!r:.40}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias of token {key} is {bias}; biases go from -100 to 100")
+        return value
+
+    @field_validator("tools")
     @classmethod
     def _unsupported(cls, value, info):
         if value:  # None, False, 0 and {} change nothing
@@ -70,10 +98,47 @@ class Sampling(BaseModel):
 
     @field_validator("response_format")
     @classmethod
-    def _plain_text_only(cls, value):
-        if value is not None and value.get("type") != "text":
-            raise ValueError(f"response_format {value.get('type')!r} is not supported by aotpack serve; only 'text'")
+    def _known_format(cls, value):
+        kind = (value or {}).get("type", "text")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise ValueError(f"response_format type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
+        if kind == "json_schema" and not isinstance((value.get("json_schema") or {}).get("schema"), dict):
+            raise ValueError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
         return value
+
+    @model_validator(mode="after")
+    def _one_format(self):
+        formats = self._formats()
+        if len(formats) > 1:
+            raise ValueError(f"one output format per request, got {len(formats)}: {', '.join(f for f, _ in formats)}")
+        return self
+
+    def _formats(self) -> list[tuple[str, tuple[str, object]]]:
+        """(the field that gave it, (runtime.generation.grammar kind, spec)) for each format asked for."""
+        kind = (self.response_format or {}).get("type", "text")
+        given = [("response_format", ("json_schema", True))] if kind == "json_object" else []
+        if kind == "json_schema":
+            given.append(("response_format", ("json_schema", self.response_format["json_schema"]["schema"])))
+        vllm = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "lark"}
+        for name, spec in (self.structured_outputs or {}).items():
+            if name not in vllm:
+                raise ValueError(f"structured_outputs.{name} is not one of {', '.join(vllm)}")
+            given.append((f"structured_outputs.{name}", (vllm[name], spec)))
+        for name in ("json", "regex", "choice", "grammar"):
+            if (spec := getattr(self, f"guided_{name}")) is not None:
+                given.append(
+                    (
+                        f"guided_{name}",
+                        (vllm[name], json.loads(spec) if isinstance(spec, str) and name == "json" else spec),
+                    )
+                )
+        return given
+
+    @property
+    def output_format(self) -> tuple[str, object] | None:
+        """(kind, spec) of the format the output is held to, or None for free text."""
+        formats = self._formats()
+        return formats[0][1] if formats else None
 
     @field_validator("tool_choice")
     @classmethod
@@ -90,6 +155,37 @@ class Sampling(BaseModel):
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = False  # each generated token's log-probability (runtime.serve.logprobs)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)  # and that many alternatives each
+    # vLLM's extensions, passed to the chat template: continue the last (assistant) message instead of
+    # opening a new turn, or leave the assistant's turn unopened
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _alternatives_need_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError(f"top_logprobs={self.top_logprobs} lists alternatives to logprobs: send logprobs=true too")
+        return self
+
+    @property
+    def alternatives(self) -> int | None:
+        """How many top alternatives each token's logprobs list; None: no logprobs asked for."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @model_validator(mode="after")
+    def _continue_the_assistant(self):
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "continue_final_message continues the last message, add_generation_prompt opens a new turn: "
+                "send add_generation_prompt=false with continue_final_message=true"
+            )
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError(
+                f"continue_final_message continues the last message, which is the {self.messages[-1].role}'s; "
+                "end the messages with the assistant's partial reply"
+            )
+        return self
 
     @property
     def token_budget(self) -> int | None:
@@ -98,6 +194,7 @@ class ChatRequest(Sampling):
 
 class CompletionRequest(Sampling):
     prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)  # the legacy API's: alternatives per token
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -129,3 +226,7 @@ class CompletionRequest(Sampling):
     @property
     def token_budget(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def alternatives(self) -> int | None:
+        return self.logprobs

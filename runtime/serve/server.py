@@ -8,12 +8,14 @@ requests in flight `shutdown_grace` seconds to finish, and the engine cancels wh
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 import time
 
 import uvicorn
 
+from runtime.serve import access
 from runtime.serve.app import create_app
 from runtime.serve.config import ServeConfig
 
@@ -21,12 +23,23 @@ from runtime.serve.config import ServeConfig
 class _Server(uvicorn.Server):
     def __init__(self, config, app):
         super().__init__(config)
-        self.app = app
+        self.app, self.grace = app, config.timeout_graceful_shutdown
 
     def handle_exit(self, sig, frame) -> None:
+        if self.app.state.ready:  # the first signal: a second one is uvicorn's "stop now"
+            running, waiting = self.app.state.rt.engine.load
+            access.LOG.info(
+                f"{signal.Signals(sig).name}: admitting no more requests; {running} running and {waiting} "
+                f"waiting get up to {self.grace:g} s to finish"
+            )
         self.app.state.ready = False
         self.app.state.rt.engine.stop_admitting()
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets=None) -> None:
+        """Said here, not after run(): uvicorn re-raises the signal once this returns, which ends the process."""
+        await super().shutdown(sockets)
+        access.LOG.info(f"stopped: {self.app.state.metrics.served()} API request(s) answered")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -66,6 +79,7 @@ def serve(config: ServeConfig, out=sys.stdout) -> None:
     settings = uvicorn.Config(
         app, log_level="warning", access_log=False, timeout_graceful_shutdown=config.shutdown_grace
     )
+    access.install()
     try:
         _Server(settings, app).run(sockets=[sock])
     finally:

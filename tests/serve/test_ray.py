@@ -41,7 +41,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _start(path, log, *options: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "runtime", "serve", str(path), "--ray", "--port", "0", "--threads", "1", *options],
+        [sys.executable, "-m", "runtime", "serve", str(path), "--ray", "--port", "0", "--threads", "1",
+         "--served-model-name", "m", *options],
         stdout=subprocess.PIPE, stderr=log, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
 

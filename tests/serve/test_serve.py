@@ -10,7 +10,9 @@ import base64
 import http.client
 import io
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from urllib.parse import urlparse
 
@@ -32,6 +35,7 @@ from runtime.serve.server import _Server, bind
 pytestmark = pytest.mark.slow
 TEXT, VLM = "tiny-llama", "tiny-gemma3-vlm"
 QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
+MODEL = "m"  # the name every test server is served under (--served-model-name)
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +48,7 @@ def serving(runtime, bundle):
     servers, started = {}, []
 
     def start(name: str, **options):
+        options = {"served_model_names": (MODEL,)} | options
         key = (name, tuple(sorted(options.items())))
         if key not in servers:
             rt = runtime(name)
@@ -113,6 +118,7 @@ def test_chat_equals_generate_with_and_without_streaming(serving, runtime):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == expected
     assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    assert whole.usage.prompt_tokens_details.cached_tokens == 0  # no prefix reuse across requests yet
 
 
 def test_completions_and_models(serving, runtime):
@@ -122,6 +128,193 @@ def test_completions_and_models(serving, runtime):
     reply = client(url).completions.create(model="m", prompt="once upon a time", max_tokens=10, temperature=0)
     assert reply.choices[0].text == expected
     assert [m.id for m in client(url).models.list().data] == [app.state.config.name]
+
+
+def test_a_model_not_served_gets_vllms_404_and_each_alias_is_answered_as_itself(serving):
+    url, _ = serving(TEXT)
+    status, _, text = fetch("POST", f"{url}/v1/chat/completions", {"model": "gpt-4o", "messages": QUESTION})
+    error = {"message": "The model `gpt-4o` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}
+    assert status == 404 and json.loads(text) == {"error": error}
+    url, _ = serving(TEXT, served_model_names=("smollm2", "gpt-4o"))
+    assert [m.id for m in client(url).models.list().data] == ["smollm2", "gpt-4o"]
+    assert client(url).chat.completions.create(model="gpt-4o", messages=QUESTION, max_tokens=2).model == "gpt-4o"
+    status, _, text = fetch("POST", f"{url}/v1/completions", {"prompt": "hi", "max_tokens": 2})  # no model: the first
+    assert status == 200 and json.loads(text)["model"] == "smollm2"
+
+
+def test_continue_final_message_goes_on_with_the_assistants_partial_reply(serving, runtime):
+    """vLLM's extension, through the template as HF's apply_chat_template(continue_final_message=True)
+    renders it: the prompt ends inside the assistant's message, no new turn is opened."""
+    url, _ = serving(TEXT)
+    rt = runtime(TEXT)
+    partial = [*QUESTION, {"role": "assistant", "content": "Because the"}]
+    template = {"continue_final_message": True, "add_generation_prompt": False}
+    inputs = dict(
+        rt.tokenizer.apply_chat_template(partial, tokenize=True, return_dict=True, return_tensors="pt", **template)
+    )
+    assert rt.tokenizer.decode(inputs["input_ids"][0]).endswith("Because the")
+    expected = _expected_text(rt, inputs, max_new_tokens=8, do_sample=False)
+    reply = client(url).chat.completions.create(
+        model=MODEL, messages=partial, max_tokens=8, temperature=0, extra_body=template
+    )
+    assert reply.choices[0].message.content == expected
+    assert reply.usage.prompt_tokens == inputs["input_ids"].shape[1]
+    status, _, text = fetch("POST", f"{url}/v1/chat/completions", {"messages": partial, "continue_final_message": True})
+    assert status == 400 and json.loads(text)["error"]["message"].startswith("continue_final_message continues")
+
+
+def test_each_api_request_gets_one_log_line_when_it_has_ended(serving, caplog, monkeypatch):
+    """A generation's line carries its tokens, finish reason and times; a refusal's its status; probes none."""
+    from runtime.serve.access import LOG
+
+    url, _ = serving(TEXT)
+    monkeypatch.setattr(LOG, "propagate", True)  # to caplog's handler (aotpack serve's own turns it off)
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        client(url).chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3, temperature=0)
+        fetch("POST", f"{url}/v1/chat/completions", {"messages": QUESTION, "n": 200})
+        fetch("GET", f"{url}/health")
+    lines = [record.getMessage() for record in caplog.records if record.name == LOG.name]
+    assert len(lines) == 2, lines
+    served = dict(field.split("=", 1) for field in lines[0].split())
+    assert served["method"] == "POST" and served["path"] == "/v1/chat/completions" and served["status"] == "200"
+    assert served["completion_tokens"] == "3" and served["finish"] == "length" and served["id"].startswith("chatcmpl-")
+    assert int(served["prompt_tokens"]) > 0 and 0 < float(served["ttft_s"]) <= float(served["s"])
+    assert lines[1].startswith("method=POST path=/v1/chat/completions status=400")
+
+
+def _expected_logprobs(rt, inputs: dict, new_tokens: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """generate's greedy tokens (n,) and the log_softmax of its raw logits at each step."""
+    out = rt.generate(
+        **inputs, max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
+    return out.sequences[0, inputs["input_ids"].shape[1] :], [torch.log_softmax(s[0].float(), -1) for s in out.logits]
+
+
+def test_chat_logprobs_equal_log_softmax_of_generates_logits_streaming_or_not(serving, runtime):
+    url, _ = serving(TEXT)
+    rt = runtime(TEXT)
+    tokens, expected = _expected_logprobs(rt, chat(rt.tokenizer, [QUESTION]), 8)
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 5}
+    content = client(url).chat.completions.create(**ask).choices[0].logprobs.content
+    assert len(content) == 8
+    for entry, token, logprobs in zip(content, tokens.tolist(), expected, strict=True):
+        assert entry.token == rt.tokenizer.decode([token]) and abs(entry.logprob - logprobs[token].item()) < 1e-4
+        values, ids = logprobs.topk(5)
+        assert [alt.token for alt in entry.top_logprobs] == [rt.tokenizer.decode([i]) for i in ids.tolist()]
+        assert all(abs(alt.logprob - v) < 1e-4 for alt, v in zip(entry.top_logprobs, values.tolist(), strict=True))
+    chunks = client(url).chat.completions.create(**ask, stream=True)
+    streamed = [e for c in chunks for e in (c.choices[0].logprobs.content if c.choices[0].logprobs else [])]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    plain = client(url).chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
+    assert plain.choices[0].logprobs is None
+
+
+def test_completions_logprobs_take_the_legacy_integer(serving, runtime):
+    url, _ = serving(TEXT)
+    rt = runtime(TEXT)
+    tokens, expected = _expected_logprobs(rt, dict(rt.tokenizer("once upon a time", return_tensors="pt")), 6)
+    reply = client(url).completions.create(
+        model=MODEL, prompt="once upon a time", max_tokens=6, temperature=0, logprobs=3
+    )
+    lp = reply.choices[0].logprobs
+    assert lp.tokens == [rt.tokenizer.decode([t]) for t in tokens.tolist()]
+    assert all(
+        abs(a - e[t].item()) < 1e-4 for a, e, t in zip(lp.token_logprobs, expected, tokens.tolist(), strict=True)
+    )
+    assert all(
+        1 <= len(top) <= 3 and abs(max(top.values()) - e.max().item()) < 1e-4
+        for top, e in zip(lp.top_logprobs, expected, strict=True)
+    )
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(6)]
+
+
+def test_penalties_and_logit_bias_follow_openais_formulas_on_the_logits(serving, runtime, reference):
+    """Greedy over HF's eager logits adjusted by OpenAI's formulas, written out here: each token's logit
+    minus frequency x its count in the generated text, minus presence if it is there, plus its bias."""
+    url, _ = serving(TEXT)
+    rt, model = runtime(TEXT), reference(TEXT)
+    ids = chat(rt.tokenizer, [QUESTION])["input_ids"]
+    start, biased, eos = ids.shape[1], 57, set(rt.request(ids).eos_ids)  # the ids generate stops on
+    with torch.inference_mode():
+        for _ in range(12):
+            logits = model(input_ids=ids).logits[0, -1].float()  # (vocab,)
+            counts = torch.bincount(ids[0, start:], minlength=logits.shape[0]).float()
+            logits = logits - 1.0 * counts - 0.5 * (counts > 0).float()
+            logits[biased] += 4.0
+            ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+            if int(ids[0, -1]) in eos:
+                break
+    expected = rt.tokenizer.decode(ids[0, start:], skip_special_tokens=True)
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 12, "temperature": 0}
+    adjusted = {"frequency_penalty": 1.0, "presence_penalty": 0.5, "logit_bias": {str(biased): 4.0}}
+    assert client(url).chat.completions.create(**ask, **adjusted).choices[0].message.content == expected
+    assert client(url).chat.completions.create(**ask).choices[0].message.content != expected  # they changed it
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["color", "count", "ok"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_output_validates_20_of_20_streaming_or_not_beside_free_text(serving):
+    """A random-weight model, sampled: held to the schema by llguidance's mask in its own rows while
+    free-text requests decode in the same steps (4 rows, 28 requests at once)."""
+    import jsonschema
+
+    url, _ = serving(TEXT)
+    strict = {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True}}
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 48, "temperature": 1.0}
+
+    def constrained(i: int) -> str:
+        if i % 2 == 0:
+            return client(url).chat.completions.create(**ask, seed=i, response_format=strict).choices[0].message.content
+        chunks = client(url).chat.completions.create(**ask, seed=i, response_format=strict, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    def free(i: int) -> str:
+        return client(url).chat.completions.create(**ask, seed=100 + i).choices[0].message.content
+
+    with ThreadPoolExecutor(28) as pool:
+        held, loose = [pool.submit(constrained, i) for i in range(20)], [pool.submit(free, i) for i in range(8)]
+        replies, others = [f.result() for f in held], [f.result() for f in loose]
+    for reply in replies:
+        jsonschema.validate(json.loads(reply), SCHEMA)
+    assert not any(other.startswith('{"color"') for other in others)
+
+
+def test_n_greedy_choices_are_one_decode_and_sampled_ones_are_hfs_sequences(serving, runtime):
+    url, _ = serving(TEXT)
+    rt = runtime(TEXT)
+    inputs = chat(rt.tokenizer, [QUESTION])
+    expected = _expected_text(rt, inputs, max_new_tokens=8, do_sample=False)
+    greedy = client(url).chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, n=3)
+    assert [(c.index, c.message.content, c.finish_reason) for c in greedy.choices] == [
+        (i, expected, "length") for i in range(3)
+    ]
+    assert greedy.usage.completion_tokens == 24
+    # sampled: num_return_sequences rows, as generate samples them from the same seed
+    sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8}
+    rows = rt.generate(**inputs, **sampling, num_return_sequences=3, generator=torch.Generator().manual_seed(5))
+    texts = [rt.tokenizer.decode(row[inputs["input_ids"].shape[1] :], skip_special_tokens=True) for row in rows]
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "temperature": 1.0, "n": 3, "seed": 5}
+    sampled = client(url).chat.completions.create(**ask)
+    assert [c.message.content for c in sampled.choices] == texts and len(set(texts)) > 1
+    streamed = {i: "" for i in range(3)}
+    for chunk in client(url).chat.completions.create(**ask, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert list(streamed.values()) == texts
+    completions = client(url).completions.create(model=MODEL, prompt="once upon", max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in completions.choices] == [0, 1] and completions.choices[0].text == completions.choices[
+        1
+    ].text
 
 
 def test_stop_cuts_where_the_stop_string_begins(serving):
@@ -179,7 +372,8 @@ def test_an_image_message_to_the_vlm(serving, runtime):
     [
         ({"max_tokens": 10_000}, "max_cache_len"),
         ({"temperature": 7}, "temperature"),
-        ({"n": 3}, "n"),
+        ({"n": 0}, "n must be from 1 to 128"),
+        ({"n": 5, "temperature": 1.0}, "n=5 sampled choices decode in 5 cache rows at once; this bundle has 4"),
         (
             {
                 "messages": [
@@ -387,7 +581,6 @@ def test_health_readiness_and_metrics(serving):
 
 def test_load_16_clients_64_requests_nothing_lost_all_equal_generate(serving, runtime):
     """Bounded: 64 requests of 24 tokens from 16 threads; every reply equals `generate` of its prompt."""
-    from concurrent.futures import ThreadPoolExecutor
 
     url, _ = serving(TEXT)
     rt = runtime(TEXT)
@@ -434,7 +627,22 @@ def test_sigterm_finishes_what_is_in_flight_and_exits(bundle):
         assert rest[-1] == "data: [DONE]", rest[-3:]
         # uvicorn re-raises the signal once it has shut down, so the exit status is the signal's (143 in a shell)
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
-        assert "Traceback" not in proc.stderr.read()
+        log = proc.stderr.read()
+        assert "Traceback" not in log
+        # the server's log: the signal, the request's line once its stream ended, the stop
+        said = [line.split("aotpack serve: ", 1)[1] for line in log.splitlines() if "aotpack serve: " in line]
+        signalled = re.match(
+            r"SIGTERM: admitting no more requests; (\d+) running and (\d+) waiting get up to 20 s", said[0]
+        )
+        assert signalled and int(signalled[1]) + int(signalled[2]) == 1, said
+        assert any(
+            line.startswith("method=POST path=/v1/chat/completions status=200 client=127.0.0.1 id=chatcmpl-")
+            and "completion_tokens=" in line
+            and " finish=" in line
+            and " ttft_s=" in line
+            for line in said
+        ), said
+        assert said[-1] == "stopped: 1 API request(s) answered"
     finally:
         proc.kill()  # a no-op once it has exited; reaped either way, nothing left listening
         proc.wait(timeout=60)

@@ -122,3 +122,18 @@ def test_ctrl_c_stops_the_reply_not_the_program(bundle, terminal):
     term.type("/exit\r")
     assert term.exit_status() == 0
     assert "Traceback" not in term.screen
+
+
+def test_an_instruct_bundle_without_sampling_defaults_samples_with_the_documented_ones(bundle, terminal):
+    """tiny-llama's generation_config says do_sample=False and nothing more, as SmolLM2-Instruct's does:
+    without flags the chat samples with llama.cpp's defaults and says so, instead of decoding greedily
+    (which makes a small instruct model repeat itself); a text-only bundle advertises no /image."""
+    term = terminal(["-m", "runtime", "chat", str(bundle("tiny-llama")), "--max-new-tokens", "8"])
+    opening = term.read_until(PROMPT)
+    assert "decoding: sampling with temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, llama.cpp's defaults" in opening
+    assert "/image" not in opening
+    term.type("Hi\r")
+    assert re.search(TIMINGS, term.read_until(PROMPT))
+    term.type("\x04")
+    assert term.exit_status() == 0
+    assert "Traceback" not in term.screen

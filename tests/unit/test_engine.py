@@ -176,9 +176,10 @@ def test_nan_in_an_idle_row_touches_no_other_row(stand_in, monkeypatch):
     monkeypatch.setattr(engine.scheduler, "_compact", lambda plan: None)
     prompts = _prompts(bundle, [6, 9])
     expected = [_hf(bundle, p, **GREEDY) for p in prompts]
-    blocker = _submit(bundle, prompts[0], **GREEDY)  # row 0
-    middle = _submit(bundle, prompts[1], max_new_tokens=1)  # row 1, freed after one token
-    last = _submit(bundle, prompts[1], **GREEDY)  # row 2
+    with engine._cond:  # the loop plans once all three wait (a reentrant lock): one plan, rows in order
+        blocker = _submit(bundle, prompts[0], **GREEDY)  # row 0
+        middle = _submit(bundle, prompts[1], max_new_tokens=1)  # row 1, freed after one token
+        last = _submit(bundle, prompts[1], **GREEDY)  # row 2 (not row 1 once free: it was admitted first)
     _collect(middle)
     for t in engine.kv:
         t[1].fill_(float("nan"))  # row 1 is idle now, below busy row 2
@@ -362,3 +363,30 @@ def test_a_request_left_alone_in_a_high_row_moves_down_and_steps_the_batch_1_gra
     plan = [(short, GREEDY | {"max_new_tokens": 4, "min_new_tokens": 4}, None), (long, GREEDY, None)]
     assert_each_matches_lone_generate(rt.model, plan, _staggered(rt, plan))
     assert 2 in stepped and stepped[-1] == 1 and stepped.count(1) > GREEDY["max_new_tokens"] // 2
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_num_return_sequences_prefills_each_prompt_once_and_copies_its_rows(eager_runtime, monkeypatch, chunk):
+    """Two prompts x 2 sampled sequences: the prefill runs over the 2 prompts, not 4 rows, whole or in
+    chunks, and every sequence is what HF generate samples for it (the same seed)."""
+    import runtime.engine.runner
+
+    rt = eager_runtime("tiny-llama", rows=4, cache=64, prefill_chunk=chunk)
+    seen = []
+    for name in ("prefill_states", "prefill_more"):
+        real = getattr(runtime.engine.runner, name)
+        monkeypatch.setattr(
+            runtime.engine.runner,
+            name,
+            lambda m, kv, layout, ids, *a, real=real, **k: (
+                seen.append(ids.shape[0]) or real(m, kv, layout, ids, *a, **k)
+            ),
+        )
+    ids = torch.randint(3, 300, (2, 9), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    options = {"max_new_tokens": 8, "min_new_tokens": 8, "do_sample": True, "num_return_sequences": 2}
+    expected, _ = lone_generate(rt.model, inputs, 7, **options)
+    torch.manual_seed(7)
+    ours = rt.generate(**inputs, **options)[:, 9:]
+    assert torch.equal(ours, expected)
+    assert seen and set(seen) == {2}, seen  # each prefill call saw the 2 prompts, never the 4 rows

@@ -11,7 +11,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria
 
 from runtime.engine.status import FinishReason
-from runtime.serve.completion import TextStream
+from runtime.serve.choices import TextStream
 
 PROMPT = torch.tensor([[5, 17, 40, 9, 66, 31, 8]])
 
@@ -123,7 +123,7 @@ def test_failed(rt, monkeypatch):
     ],
 )
 def test_the_servers_finish_reason_comes_from_the_engine(rt, options, expected):
-    """What `aotpack serve` reports (runtime.serve.completion.TextStream over the request's handle)."""
+    """What `aotpack serve` reports (runtime.serve.choices.TextStream over the request's handle)."""
     free = _free(rt)
     stops = None
     if options == "eos":
@@ -133,7 +133,7 @@ def test_the_servers_finish_reason_comes_from_the_engine(rt, options, expected):
         options = {"max_new_tokens": 12, "stop_strings": stops}
     handle = rt.submit(PROMPT, do_sample=False, **options)
     text = TextStream(rt.tokenizer, handle, stops)
-    "".join(text)
+    list(text)
     assert text.finish_reason == expected
 
 

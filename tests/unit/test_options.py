@@ -40,16 +40,12 @@ _HI = [{"role": "user", "content": "hi"}]
 @pytest.mark.parametrize(
     ("model", "fields", "field"),
     [
-        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
-        ("chat", {"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
-        ("chat", {"logit_bias": {"42": 5}}, "logit_bias"),
-        ("chat", {"frequency_penalty": 0.5}, "frequency_penalty"),
-        ("chat", {"presence_penalty": -1.0}, "presence_penalty"),
         ("chat", {"tool_choice": "required"}, "tool_choice"),
-        ("chat", {"top_logprobs": 3}, "top_logprobs"),
         ("text", {"echo": True}, "echo"),
         ("text", {"suffix": "tail"}, "suffix"),
         ("text", {"best_of": 3}, "best_of"),
+        ("chat", {"n": 0}, "n must be from 1 to 128, got 0"),
+        ("chat", {"n": 129}, "n must be from 1 to 128, got 129"),
     ],
 )
 def test_openai_fields_that_would_change_the_answer_are_refused_by_name(model, fields, field):
@@ -61,6 +57,50 @@ def test_openai_fields_that_would_change_the_answer_are_refused_by_name(model, f
     schema, base = (ChatRequest, {"messages": _HI}) if model == "chat" else (CompletionRequest, {"prompt": "p"})
     with pytest.raises(ValidationError, match=field):
         schema(**base, **fields)
+
+
+@pytest.mark.parametrize(
+    ("model", "fields", "message"),
+    [
+        ("chat", {"top_logprobs": 3}, "top_logprobs=3 lists alternatives to logprobs: send logprobs=true too"),
+        ("chat", {"logprobs": True, "top_logprobs": 21}, "less than or equal to 20"),
+        ("text", {"logprobs": 21}, "less than or equal to 20"),
+        ("chat", {"logit_bias": {"the": 5}}, "logit_bias keys are token ids, as strings of digits; got 'the'"),
+        ("chat", {"logit_bias": {"42": 101}}, "logit_bias of token 42 is 101.0; biases go from -100 to 100"),
+        ("chat", {"frequency_penalty": 2.5}, "less than or equal to 2"),
+        (
+            "chat",
+            {"response_format": {"type": "xml"}},
+            "response_format type 'xml' is not one of 'text', 'json_object'",
+        ),
+        ("chat", {"response_format": {"type": "json_schema", "json_schema": {}}}, 'needs {"json_schema": {"name"'),
+        ("text", {"structured_outputs": {"yaml": "x"}}, "structured_outputs.yaml is not one of json, regex, choice"),
+        (
+            "chat",
+            {"response_format": {"type": "json_object"}, "guided_regex": "a+"},
+            "one output format per request, got 2: response_format, guided_regex",
+        ),
+        ("text", {"presence_penalty": -3}, "greater than or equal to -2"),
+    ],
+)
+def test_logprobs_penalties_and_biases_are_range_checked(model, fields, message):
+    from pydantic import ValidationError
+
+    from runtime.serve.schema import ChatRequest, CompletionRequest
+
+    schema, base = (ChatRequest, {"messages": _HI}) if model == "chat" else (CompletionRequest, {"prompt": "p"})
+    with pytest.raises(ValidationError, match=message):
+        schema(**base, **fields)
+
+
+def test_the_legacy_completions_logprobs_integer_counts_alternatives():
+    from runtime.serve.schema import ChatRequest, CompletionRequest
+
+    assert CompletionRequest(prompt="p", logprobs=2).alternatives == 2  # not "a valid boolean"
+    assert CompletionRequest(prompt="p").alternatives is None
+    assert ChatRequest(messages=_HI, logprobs=True, top_logprobs=5).alternatives == 5
+    assert ChatRequest(messages=_HI, logprobs=True).alternatives == 0
+    assert ChatRequest(messages=_HI, logprobs=None).alternatives is None
 
 
 def test_the_no_op_values_of_those_fields_are_accepted():
@@ -97,3 +137,42 @@ def test_stop_strings_are_bounded_in_number_and_length():
         check_stops(["a", "b", "c"], max_stops=2, max_chars=1)
     with pytest.raises(InvalidInputError, match="each stop string is at most 1 characters"):
         check_stops(["ab"], max_stops=2, max_chars=1)
+
+
+def test_continue_final_message_needs_the_assistants_last_message_and_no_new_turn():
+    from pydantic import ValidationError
+
+    from runtime.serve.schema import ChatRequest
+
+    partial = [*_HI, {"role": "assistant", "content": "Hello, I am"}]
+    request = ChatRequest(messages=partial, continue_final_message=True, add_generation_prompt=False)
+    assert request.continue_final_message and not request.add_generation_prompt
+    with pytest.raises(ValidationError, match="send add_generation_prompt=false with continue_final_message=true"):
+        ChatRequest(messages=partial, continue_final_message=True)
+    with pytest.raises(ValidationError, match="the last message, which is the user's"):
+        ChatRequest(messages=_HI, continue_final_message=True, add_generation_prompt=False)
+
+
+def test_served_model_names_default_to_the_bundle_folder_and_are_checked(tmp_path):
+    assert ServeConfig(bundle=tmp_path / "smol").names == ("smol",)
+    config = ServeConfig(bundle=tmp_path / "smol", served_model_names=("smollm2", "gpt-4o-mini"))
+    assert config.name == "smollm2" and config.names == ("smollm2", "gpt-4o-mini")
+    with pytest.raises(InvalidInputError, match="--served-model-name '' must be a non-empty printable name"):
+        ServeConfig(bundle=tmp_path, served_model_names=("",))
+
+
+def test_each_way_of_asking_for_a_format_names_the_same_grammar_kinds():
+    from runtime.serve.schema import ChatRequest, CompletionRequest
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    json_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
+    assert ChatRequest(messages=_HI, response_format=json_schema).output_format == ("json_schema", schema)
+    assert ChatRequest(messages=_HI, response_format={"type": "json_object"}).output_format == ("json_schema", True)
+    assert ChatRequest(messages=_HI, response_format={"type": "text"}).output_format is None
+    assert CompletionRequest(prompt="p", structured_outputs={"regex": "[0-9]+"}).output_format == ("regex", "[0-9]+")
+    assert CompletionRequest(prompt="p", guided_choice=["yes", "no"]).output_format == ("choice", ["yes", "no"])
+    assert ChatRequest(messages=_HI, guided_json='{"type": "object"}').output_format == (
+        "json_schema",
+        {"type": "object"},
+    )
+    assert ChatRequest(messages=_HI, guided_grammar="start: /a+/").output_format == ("lark", "start: /a+/")

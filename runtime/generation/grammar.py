@@ -1,0 +1,120 @@
+"""Structured output: a logits processor that lets through only the tokens a grammar allows next.
+
+Owns: turning a format (a JSON schema, any JSON object, a regex, a list of choices, a Lark grammar)
+into an llguidance grammar, and `GrammarProcessor`, transformers' LogitsProcessor protocol over one
+llguidance matcher per row. llguidance (`pip install 'aotpack[grammar]'`, Rust, no other dependency)
+compiles the grammar and computes each step's token mask (0.07 ms at Gemma 3's 262k vocabulary); no
+schema-to-automaton code is written here. The mask is applied in the engine's thread to this request's
+rows only, so constrained and free requests share a decode step.
+
+JSON is compact (llguidance's `whitespace_flexible: false`): a small model under a grammar that allows
+free whitespace can spend its whole budget on it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import torch
+from transformers.generation import LogitsProcessor
+
+from runtime.errors import InvalidInputError
+
+FORMATS = ("json_schema", "regex", "choice", "lark")
+_COMPACT = {"whitespace_flexible": False}
+
+
+def _llguidance():
+    try:
+        import llguidance
+        import llguidance.hf  # noqa: F401 (from_tokenizer)
+    except ImportError as e:
+        raise InvalidInputError(
+            f"structured output needs llguidance ({e.name} is missing): pip install 'aotpack[grammar]'"
+        ) from None
+    return llguidance
+
+
+def grammar_of(kind: str, spec) -> str:
+    """One format as an llguidance grammar: json_schema (a schema dict, or True for any JSON object),
+    regex (a pattern), choice (a list of strings, exactly one of which is the output), lark (a grammar)."""
+    try:
+        return _grammar_of(kind, spec)
+    except InvalidInputError:
+        raise
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # llguidance's errors, and a Rust panic (a BaseException, from pyo3)
+        raise InvalidInputError(f"the {kind} format cannot be used: {str(e)[:300]}") from None
+
+
+def _grammar_of(kind: str, spec) -> str:
+    matcher = _llguidance().LLMatcher
+    if kind == "json_schema":
+        schema = {"type": "object"} if spec is True else spec
+        if not isinstance(schema, dict):
+            raise InvalidInputError(f"a JSON schema is an object, got {type(spec).__name__}")
+        return matcher.grammar_from_json_schema(json.dumps(schema), defaults=_COMPACT)
+    if kind == "regex" and isinstance(spec, str):
+        return matcher.grammar_from_regex(spec)
+    if kind == "choice" and isinstance(spec, list) and spec and all(isinstance(c, str) for c in spec):
+        return matcher.grammar_from_regex("|".join(f"(?:{re.escape(c)})" for c in spec))
+    if kind == "lark" and isinstance(spec, str):
+        return matcher.grammar_from_lark(spec)
+    raise InvalidInputError(f"{kind} cannot be {spec!r:.60}; formats: {', '.join(FORMATS)}")
+
+
+def grammar_tokenizer(tokenizer, vocab_size: int, eos_ids: list[int]):
+    """llguidance's view of the bundle's tokenizer, ending a grammar with the model's eos ids (none
+    given: the tokenizer's own). 8 s for a 262k vocabulary: build it once."""
+    return _llguidance().hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos_ids) or None)
+
+
+def check_grammar(ll_tokenizer, grammar: str) -> None:
+    """Refuse a grammar llguidance cannot compile (a bad schema, a bad regex), before any model work."""
+    try:
+        error = _llguidance().LLMatcher.validate_grammar(grammar, ll_tokenizer)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # a Rust panic is a BaseException (pyo3's PanicException)
+        error = str(e)[:300]
+    if error:
+        raise InvalidInputError(f"the output format cannot be used: {error}")
+
+
+class GrammarProcessor(LogitsProcessor):
+    """Every row's scores outside what its matcher allows next become -inf. Use one per generate call:
+    it follows the rows from the first call (the prompt) on, consuming each step's chosen token."""
+
+    def __init__(self, ll_tokenizer, grammar: str):
+        check_grammar(ll_tokenizer, grammar)
+        self.ll_tokenizer, self.grammar = ll_tokenizer, grammar
+        self.matchers: list | None = None
+        self.seen = 0  # tokens of the history already consumed (the prompt's first)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.matchers is None:
+            matcher = _llguidance().LLMatcher
+            self.matchers = [matcher(self.ll_tokenizer, self.grammar, log_level=0) for _ in range(input_ids.shape[0])]
+        else:
+            for m, tokens in zip(self.matchers, input_ids[:, self.seen :].tolist(), strict=True):
+                for token in tokens:
+                    if not m.is_stopped():  # a finished row is padded after its eos
+                        self._consume(m, token)
+        self.seen = input_ids.shape[1]
+        allowed = torch.stack([_allowed(m.compute_bitmask(), scores.shape[-1]) for m in self.matchers])
+        return scores.masked_fill_(~allowed.to(scores.device), float("-inf"))  # (b, vocab), in place as HF's do
+
+    @staticmethod
+    def _consume(matcher, token: int) -> None:
+        if not matcher.consume_token(token):  # only a later processor changing the choice can get here
+            raise RuntimeError(f"token {token} left the grammar: {matcher.get_error()}")
+
+
+def _allowed(bitmask: bytes, vocab: int) -> torch.Tensor:
+    """llguidance's bitmask (a bit per token, lowest first, 32 to a little-endian int32) as a (vocab,)
+    bool tensor: numpy unpacks it in 0.09 ms at 262k tokens, torch shifts and masks in 0.7."""
+    bits = np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), bitorder="little")[:vocab]  # (vocab,) 0/1
+    return torch.from_numpy(bits.view(np.bool_))

@@ -1,0 +1,99 @@
+"""The text of one request's choices, as its tokens arrive: one row of the engine per sampled choice.
+
+Owns: `ChoiceText`, one choice's text cut at the first stop string (excluded, as OpenAI does) while
+holding back only as much text as could still start one, its token count, logprobs and why it ended
+("stop" when it cut at a stop string or its row produced an eos, else what the engine recorded:
+runtime.engine.status.FinishReason.openai); and `TextStream`, which feeds every row's tokens to its
+choice. `n` greedy choices are one row decoded once (they would be identical), reported as n choices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from runtime.serve.logprobs import Scored, scored
+from runtime.text import TextPieces
+
+
+class ChoiceText:
+    def __init__(self, tokenizer, stops: list[str], alternatives: int | None, eos_ids: tuple[int, ...]):
+        self.pieces, self.stops, self.alternatives, self.eos_ids = TextPieces(tokenizer), stops, alternatives, eos_ids
+        self.hold = max((len(s) for s in stops), default=1) - 1  # characters that could start a stop
+        self.text, self.sent = "", 0
+        self.completion_tokens = 0
+        self.ended = False  # its row produced an eos or its text a stop: the tokens after it are padding
+        self.finish_reason: str | None = None
+        self._scored: list[Scored] = []
+
+    def add(self, token: int, logits) -> str:
+        """The row's next token (logits (vocab,) raw, or None); returns the text that can be sent now."""
+        if self.ended:
+            return ""
+        self.completion_tokens += 1
+        if self.alternatives is not None:
+            self._scored.append(scored(token, logits, self.alternatives))
+        self.text += self.pieces.add(token)
+        if token in self.eos_ids:
+            self.ended, self.finish_reason = True, "stop"
+        return self._release(final=self.ended)
+
+    def end(self, reason: str | None) -> str:
+        """The request has ended with `reason` for this row: whatever text is still held back."""
+        if self.finish_reason is not None:
+            return ""
+        self.text += self.pieces.finish()
+        piece = self._release(final=True)
+        self.finish_reason = self.finish_reason or reason
+        return piece
+
+    def taken(self) -> list[Scored]:
+        """The tokens scored since the last call (the text sent so far comes from them)."""
+        out, self._scored = self._scored, []
+        return out
+
+    def _release(self, final: bool) -> str:
+        found = [i for s in self.stops if (i := self.text.find(s, max(0, self.sent - self.hold))) >= 0]
+        if found:
+            self.ended, self.finish_reason = True, "stop"
+        upto = min(found) if found else len(self.text) if final else len(self.text) - self.hold
+        if upto <= self.sent:
+            return ""
+        piece, self.sent = self.text[self.sent : upto], upto
+        return piece
+
+
+class TextStream:
+    """Iterate for (row, text piece); afterwards every choice has its finish_reason. With `alternatives`
+    (not None) every token is scored too (the handle must then carry the raw logits: want_logits)."""
+
+    def __init__(self, tokenizer, handle, stops: list[str] | None, alternatives: int | None = None, copies: int = 1):
+        self.handle, self.alternatives, self.copies, self.tokenizer = handle, alternatives, copies, tokenizer
+        eos = handle.request.eos_ids
+        self.rows = [ChoiceText(tokenizer, list(stops or []), alternatives, eos) for _ in range(handle.request.batch)]
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        for tokens, logits in self.handle:  # tokens (b,), logits (b, vocab) raw or None
+            for i, row in enumerate(self.rows):
+                if piece := row.add(int(tokens[i]), logits[i] if logits is not None else None):
+                    yield i, piece
+            if all(row.ended for row in self.rows):  # every row is padding from here on
+                self.handle.cancel()
+                break
+        reasons = self.handle.finish_reasons or ()
+        for i, row in enumerate(self.rows):
+            if piece := row.end(reasons[i].openai if i < len(reasons) else "stop"):
+                yield i, piece
+
+    @property
+    def choices(self) -> list[tuple[int, ChoiceText]]:
+        """(choice index, its text) of every choice: greedy copies share their one row."""
+        return [(c * self.copies + k, row) for c, row in enumerate(self.rows) for k in range(self.copies)]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(row.completion_tokens for _, row in self.choices)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The first choice's (the one a single-choice request has)."""
+        return self.rows[0].finish_reason

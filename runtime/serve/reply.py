@@ -1,0 +1,99 @@
+"""The OpenAI response bodies of one request: a whole reply, its stream's chunks, and their usage.
+
+Owns: the JSON shapes of chat completions and legacy completions, whole and streamed, one choice per
+`n` with its own index, finish reason and, when the request asked for them, `logprobs`
+(runtime.serve.logprobs) of the tokens behind each piece; and `usage`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from runtime.serve.choices import ChoiceText, TextStream
+from runtime.serve.logprobs import chat_logprobs, completion_logprobs
+
+
+class Reply:
+    """The bodies of one "chat" or "text" completion, over the TextStream that makes its choices."""
+
+    def __init__(self, kind: str, model: str, prompt_tokens: int, text: TextStream):
+        self.kind, self.model, self.prompt_tokens, self.text = kind, model, prompt_tokens, text
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.sent: dict[int, int] = {}  # characters of each choice handed out: a completion's text_offset
+
+    def _body(self, obj: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def _logprobs(self, index: int, piece: str, scored: list) -> dict | None:
+        """The logprobs of `scored`, the tokens behind `piece` (None when the request asked for none)."""
+        if self.text.alternatives is None:
+            return None
+        offset = self.sent.get(index, 0)
+        self.sent[index] = offset + len(piece)
+        if self.kind == "chat":
+            return chat_logprobs(self.text.tokenizer, scored)
+        return completion_logprobs(self.text.tokenizer, scored, offset)
+
+    def usage(self) -> dict:
+        done, prompt = self.text.completion_tokens, self.prompt_tokens
+        usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        # every served prompt is prefilled whole (no prefix reuse across requests yet): none came from a cache
+        return usage | {"prompt_tokens_details": {"cached_tokens": 0}}
+
+    def whole(self, contents: dict[int, str]) -> dict:
+        """`contents`: each row's whole text."""
+        scored = self._remaining()
+        choices = []
+        for index, row in self.text.choices:
+            content = contents[self.text.rows.index(row)]
+            done = {"logprobs": self._logprobs(index, content, scored[id(row)]), "finish_reason": row.finish_reason}
+            if self.kind == "chat":
+                choices.append({"index": index, "message": {"role": "assistant", "content": content}} | done)
+            else:
+                choices.append({"index": index, "text": content} | done)
+        body = self._body("chat.completion" if self.kind == "chat" else "text_completion", choices)
+        return body | {"usage": self.usage()}
+
+    def _remaining(self) -> dict[int, list]:
+        """Each row's tokens not yet handed out, by id(row): greedy copies share their row's."""
+        return {id(row): row.taken() for row in self.text.rows}
+
+    def opening(self) -> list[dict]:
+        """A chat stream opens each choice with the role, as OpenAI does (a completion stream does not)."""
+        if self.kind != "chat":
+            return []
+        delta = {"role": "assistant", "content": ""}
+        opened = [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None} for i, _ in self.text.choices]
+        return [self._chunk([choice]) for choice in opened]
+
+    def pieces(self, row: int, piece: str) -> list[dict]:
+        """The chunks of one row's new text: one per choice that row makes (greedy copies share it)."""
+        choice = self.text.rows[row]
+        scored = choice.taken()
+        return [self._piece(index, choice, piece, scored) for index, c in self.text.choices if c is choice]
+
+    def closing(self) -> list[dict]:
+        """Each choice's last chunk, with its finish reason (and the logprobs of text held back to the end)."""
+        scored = self._remaining()
+        return [self._piece(index, row, None, scored[id(row)]) for index, row in self.text.choices]
+
+    def _piece(self, index: int, row: ChoiceText, piece: str | None, scored: list) -> dict:
+        logprobs = self._logprobs(index, piece or "", scored) if piece is not None or scored else None
+        finish = row.finish_reason if piece is None else None
+        if self.kind == "chat":
+            delta = {} if piece is None else {"content": piece}
+            return self._chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}])
+        return self._chunk([{"index": index, "text": piece or "", "logprobs": logprobs, "finish_reason": finish}])
+
+    def _chunk(self, choices: list[dict]) -> dict:
+        return self._body("chat.completion.chunk" if self.kind == "chat" else "text_completion", choices)
+
+    def usage_chunk(self) -> dict:
+        return self._chunk([]) | {"usage": self.usage()}
+
+    @staticmethod
+    def event(payload: dict) -> str:
+        return f"data: {json.dumps(payload)}\n\n"

@@ -1,0 +1,99 @@
+"""Structured output through llguidance, in seconds: the eager runtime (no compile) held to a JSON schema,
+a regex and a list of choices by `rt.constrain`, sampled with several seeds; and the refusals (the
+served 20-of-20 test: tests/serve/test_serve.py)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from runtime.errors import InvalidInputError
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["color", "count", "ok"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def rt(eager_runtime):
+    return eager_runtime("tiny-llama", rows=4, cache=64)
+
+
+@functools.cache
+def _prompt():
+    return torch.tensor([[2, 40, 41, 42, 43]])  # (1, 5)
+
+
+def _sampled(rt, seed: int, *constraint, **options) -> str:
+    processors = [rt.constrain(*constraint)] if constraint else []
+    generator = torch.Generator().manual_seed(seed)
+    ids = rt.generate(
+        _prompt(), do_sample=True, generator=generator, max_new_tokens=32, logits_processor=processors, **options
+    )
+    return rt.tokenizer.decode(ids[0, _prompt().shape[1] :], skip_special_tokens=True)
+
+
+def test_a_random_model_held_to_a_schema_writes_valid_json_every_time(rt):
+    for seed in range(8):
+        jsonschema.validate(json.loads(_sampled(rt, seed, "json_schema", SCHEMA)), SCHEMA)
+
+
+def test_without_the_constraint_the_same_model_writes_no_such_json(rt):
+    """What makes the test above mean something: unconstrained, not one of the 8 parses."""
+
+    def parses(text: str) -> bool:
+        try:
+            jsonschema.validate(json.loads(text), SCHEMA)
+        except (ValueError, jsonschema.ValidationError):
+            return False
+        return True
+
+    assert not any(parses(_sampled(rt, seed)) for seed in range(8))
+
+
+def test_a_regex_a_choice_and_any_json_object(rt):
+    for seed in range(3):
+        assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", _sampled(rt, seed, "regex", r"[0-9]{3}-[a-z]{2}"))
+        assert _sampled(rt, seed, "choice", ["yes", "no", "maybe"]) in ("yes", "no", "maybe")
+    # any JSON object is unbounded (a key can run on): a reply that ended before its budget is a whole one
+    for seed in range(4):
+        out = rt.generate(
+            _prompt(), do_sample=True, generator=torch.Generator().manual_seed(seed), max_new_tokens=48,
+            logits_processor=[rt.constrain("json_schema", True)], return_dict_in_generate=True,
+        )  # fmt: skip
+        text = rt.tokenizer.decode(out.sequences[0, 5:], skip_special_tokens=True)
+        assert text.startswith("{") and (out.finish_reasons[0] == "length" or isinstance(json.loads(text), dict))
+
+
+def test_a_format_llguidance_cannot_compile_is_refused_before_generating(rt):
+    with pytest.raises(InvalidInputError, match="the output format cannot be used: .*nonsense"):
+        rt.constrain("json_schema", {"type": "nonsense"})
+    with pytest.raises(InvalidInputError, match="choice cannot be"):
+        rt.constrain("choice", [])
+
+
+def test_without_llguidance_the_message_names_the_extra(rt, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_llguidance(name, *args, **kwargs):
+        if name.startswith("llguidance"):
+            raise ImportError(f"No module named {name!r}", name=name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_llguidance)
+    with pytest.raises(InvalidInputError, match=r"needs llguidance .*pip install 'aotpack\[grammar\]'"):
+        rt.constrain("regex", "a+")
