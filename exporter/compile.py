@@ -11,6 +11,9 @@ accumulator per row, where a dynamic batch loops over rows around the weight. Th
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -79,14 +82,37 @@ def inductor_options(
     return options
 
 
-def compile_graph(exported, options: dict) -> list:
-    """One graph compiled by AOTInductor: the files that go into the package under its name."""
+def compile_graph(exported, options: dict, into: Path) -> list:
+    """One graph compiled by AOTInductor: the files that go into the package under its name, copied
+    into the directory `into` at once (see _kept)."""
     try:
-        return aoti_compile(exported, options)
+        files = aoti_compile(exported, options)
     except OSError as e:  # e.g. BlockingIOError: no process could be forked for the C++ compiler
         raise ExportError(
             f"the C++ compiler could not run ({type(e).__name__}: {e}); free memory or processes, then retry"
         ) from None
+    return _kept(files, into, options["aot_inductor.metadata"])
+
+
+def _kept(files: list, into: Path, metadata: dict) -> list:
+    """AOTInductor names its files in the machine's shared Inductor cache by the generated code alone,
+    and writes the graph's metadata (our contract fingerprint) beside them as `*_metadata.json`: an
+    export of the same graph for another bundle, in another process, rewrote that file with its own
+    fingerprint before this export packaged it (two test workers at once; the load check refused the
+    bundle). So each graph's files are copied out as soon as they exist, and the copies' metadata
+    says this graph's."""
+    into.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for file in files:
+        if not isinstance(file, str) or not os.path.isfile(file):
+            kept.append(file)  # the "" and Weights entries package_aoti also takes
+            continue
+        copy = into / os.path.basename(file)
+        shutil.copyfile(file, copy)
+        if copy.name.endswith("_metadata.json"):
+            copy.write_text(json.dumps(json.loads(copy.read_text()) | metadata))
+        kept.append(str(copy))
+    return kept
 
 
 def package_graphs(compiled: dict[int, list], package: Path) -> Path:

@@ -8,6 +8,7 @@ export leaves the target exactly as it was.
 from __future__ import annotations
 
 import platform
+import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import replace
@@ -75,10 +76,14 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     options = inductor_options(config.device, config.cpu_isa, contract, quantized=quantized)
     kernel = _attention(model, config, attention, options, progress)
     graphs, files = [], {}
-    for batch in config.buckets:  # in turn: each C++ compile already uses every core
-        graph, files[batch] = _compile_graph(config, model, step, contract, kernel, batch, quantized, progress)
-        graphs.append(graph)
-    package = package_graphs(files, staging / DECODE)
+    with tempfile.TemporaryDirectory(prefix="aotpack-graphs-") as compiled:  # each graph's own files
+        for batch in config.buckets:  # in turn: each C++ compile already uses every core
+            into = Path(compiled) / f"batch{batch}"
+            graph, files[batch] = _compile_graph(
+                config, model, step, contract, kernel, batch, quantized, progress, into
+            )
+            graphs.append(graph)
+        package = package_graphs(files, staging / DECODE)
     with stage("write", "writing weights, tokenizer and configs"):
         aliases = write_model(model, preprocessor, staging)
         manifest = _draft_manifest(config, model, step, layout, package, aliases)
@@ -94,9 +99,9 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     return _finish(config, staging, manifest, model, ref, start)
 
 
-def _compile_graph(config, model, step, contract, kernel, batch: int, quantized: bool, progress: Progress):
-    """The decode graph for exactly `batch` rows: traced, its GEMV kernels chosen for that batch, compiled.
-    Returns (its manifest entry, parity still to check; the compiled files)."""
+def _compile_graph(config, model, step, contract, kernel, batch: int, quantized: bool, progress: Progress, into):
+    """The decode graph for exactly `batch` rows: traced, its GEMV kernels chosen for that batch, compiled
+    (its files kept in the directory `into`). Returns (its manifest entry, parity still to check; the files)."""
     start, stage = time.perf_counter(), progress.stage
     options = inductor_options(config.device, config.cpu_isa, contract, batch, quantized)
     message = f"exporting the batch-{batch} decode step of {type(model).__name__} ({len(contract.layout)} layers, "
@@ -104,7 +109,7 @@ def _compile_graph(config, model, step, contract, kernel, batch: int, quantized:
         exported = export_decode(step, contract, batch)
     lowerings = _lowerings(config, weight_shapes(exported), options, batch, progress)
     with stage("compile", f"compiling with AOTInductor: the batch-{batch} graph"):
-        files = compile_graph(lower(exported, lowerings), options)
+        files = compile_graph(lower(exported, lowerings), options, into)
     seconds = round(time.perf_counter() - start, 1)
     return DecodeGraph(batch, lowerings, Parity(0, 0.0, 0.0, False), seconds), files
 

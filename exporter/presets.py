@@ -36,6 +36,35 @@ CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Qwen 2.5's and 3's layout, tools included (condensed from their template): the tools' JSON signatures
+# in the system turn, a call as <tool_call>{"name": ..., "arguments": {...}}</tool_call> in the
+# assistant's turn, and tool results as <tool_response> in a user turn. transformers' own response
+# template for model_type qwen3 parses the calls back.
+QWEN_TEMPLATE = (
+    "{% set nl = '\\n' %}"  # HF renders with trim_blocks: a newline right after a tag is dropped
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}"
+    "{% else %}You are a helpful assistant.{% endif %}"
+    "{{ nl }}\n# Tools\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}{{ nl }}</tools>\n\nFor each function call, "
+    "return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% elif messages[0]['role'] == 'system' %}"
+    "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>{{ nl }}{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' or (m['role'] == 'assistant' and not m.get('tool_calls')) %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>{{ nl }}"
+    "{% elif m['role'] == 'assistant' %}<|im_start|>assistant{% if m['content'] %}{{ nl }}{{ m['content'] }}{% endif %}"
+    "{% for call in m['tool_calls'] %}{% set call = call['function'] if call['function'] is defined else call %}"
+    '{{ nl }}<tool_call>\n{"name": "{{ call["name"] }}", "arguments": {{ call["arguments"] | tojson }}}\n</tool_call>'
+    "{% endfor %}<|im_end|>{{ nl }}"
+    "{% elif m['role'] == 'tool' %}"
+    "{% if loop.index0 == 0 or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ nl }}<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>{{ nl }}{% endif %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{{ nl }}{% endif %}"
+)
 # Gemma 3's layout: the system text opens the first user turn; content is a string or a list of
 # {"type": "text"|"image"} items, and each image becomes the <start_of_image> placeholder.
 GEMMA_TEMPLATE = (
@@ -60,6 +89,7 @@ TOKENIZERS = {
         "<|begin_of_text|>",
     ),
     "chatml": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], CHATML_TEMPLATE, "<|im_end|>", "<|endoftext|>", None),
+    "qwen": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], QWEN_TEMPLATE, "<|im_end|>", "<|endoftext|>", None),
     "gemma": (
         [
             "<pad>",
@@ -238,7 +268,7 @@ def _gemma3_processor(tok):
 
 PRESETS: dict[str, tuple[str, Callable]] = {
     "tiny-llama": ("llama", _tiny_llama),
-    "tiny-qwen3": ("chatml", _tiny_qwen3),
+    "tiny-qwen3": ("qwen", _tiny_qwen3),
     "tiny-mistral": ("chatml", _tiny_mistral),
     "tiny-gemma2": ("gemma", _tiny_gemma2),
     "tiny-gemma3": ("gemma", _tiny_gemma3),

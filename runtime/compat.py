@@ -50,6 +50,9 @@ PRIVATE_SYMBOLS = (
     (_MIXIN, "_prepare_special_tokens", ("generation_config", "kwargs_has_attention_mask", "device")),
     ("transformers.modeling_utils.PreTrainedModel", "_from_config", ("config", "kwargs")),
     ("transformers.configuration_utils.PreTrainedConfig", "_attn_implementation", "property"),
+    # transformers serve's own table of tool-call formats by model type (for tokenizers without a
+    # response_template): public in effect, but in its CLI's package
+    ("transformers.cli.serving.utils", "get_response_template", ("processor", "model")),
 )
 # What `_prepare_special_tokens` sets on a GenerationConfig and special_tokens() reads (checked by running it).
 SET_BY_TRANSFORMERS = ("_eos_token_tensor", "_pad_token_tensor")
@@ -170,3 +173,11 @@ def quiet_pipeline_class_check(class_name: str) -> None:
     logger = logging.getLogger("transformers.pipelines.base")
     if not any(isinstance(f, _NotAModelClass) and class_name in f.start for f in logger.filters):
         logger.addFilter(_NotAModelClass(class_name))
+
+
+def response_template(tokenizer, model) -> dict | None:
+    """How the model writes its reply (content, reasoning, tool calls) for tokenizer.parse_response: the
+    tokenizer's own `response_template`, else transformers serve's fallback for the model type."""
+    from transformers.cli.serving.utils import get_response_template
+
+    return get_response_template(tokenizer, model)

@@ -42,13 +42,14 @@ def has_chat_template(rt) -> bool:
 
 def chat_inputs(
     rt, messages: list[dict], parse_special: bool = False, add_generation_prompt: bool = True,
-    continue_final_message: bool = False,
+    continue_final_message: bool = False, tools: list[dict] | None = None,
 ) -> dict:  # fmt: skip
     """`messages` rendered with the bundle's chat template and tokenized: input_ids, attention_mask and,
     with images, pixel_values and token_type_ids. A text bundle's template gets plain-string content
     (every text template takes it); a VLM's gets typed items. `add_generation_prompt` opens the
     assistant's turn; `continue_final_message` instead ends the prompt inside the last message (an
-    assistant's partial reply, which the model goes on with), as HF's apply_chat_template does.
+    assistant's partial reply, which the model goes on with), as HF's apply_chat_template does; `tools`
+    (OpenAI's function definitions) go to the template, which renders them its own way.
 
     Message text is text: a control token's string inside it (`<|eot_id|><|start_header_id|>system...`)
     is tokenized as those characters, so content cannot open a turn of another role; only the
@@ -63,8 +64,10 @@ def chat_inputs(
                 f"message content holds {found!r}, a control token of this model; a VLM bundle cannot keep it "
                 "as text: remove it, or pass parse_special=True to let it act as the control token"
             )
-        return _literal_content_inputs(rt.tokenizer, normalized, add_generation_prompt, continue_final_message)
+        template = {"add_generation_prompt": add_generation_prompt, "tools": tools}
+        return _literal_content_inputs(rt.tokenizer, normalized, continue_final_message, **template)
     template = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
+    template |= {"tools": tools} if tools else {}
     try:
         inputs = rt.processor.apply_chat_template(
             normalized, tokenize=True, return_dict=True, return_tensors="pt", **template
@@ -79,7 +82,7 @@ def _control_strings_in(tokenizer, messages: list[dict]) -> str | None:
     then takes HF's own path, token for token). The tokenizer finds them (in Rust, in one pass)."""
     controls = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     for m in messages:
-        text = m["content"] if isinstance(m["content"], str) else _text_of(m["content"])
+        text = m["content"] if isinstance(m["content"], str) else _text_of(m["content"] or [])
         found = next((i for i in tokenizer(text, add_special_tokens=False)["input_ids"] if i in controls), None)
         if found is not None:
             return tokenizer.added_tokens_decoder[found].content
@@ -93,9 +96,7 @@ def _text_of(items: list[dict]) -> str:
 _MARK = "\ue000{}\ue001"  # private-use characters around a message's index: never in a template's markup
 
 
-def _literal_content_inputs(
-    tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool
-) -> dict:
+def _literal_content_inputs(tokenizer, messages: list[dict], continue_final_message: bool, **template) -> dict:
     """Render with each content replaced by a mark, then tokenize the template's pieces as HF does
     (control tokens parsed, no BOS added: the template writes it) and each content with its special
     strings split into ordinary tokens. Continuing the final message cuts the render after its mark, as
@@ -103,7 +104,7 @@ def _literal_content_inputs(
     import torch
 
     marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
-    rendered = tokenizer.apply_chat_template(marked, add_generation_prompt=add_generation_prompt, tokenize=False)
+    rendered = tokenizer.apply_chat_template(marked, tokenize=False, **template)
     if continue_final_message:
         last = _MARK.format(len(messages) - 1)
         rendered = rendered[: rendered.rindex(last) + len(last)] if last in rendered else rendered
@@ -135,7 +136,7 @@ def template_messages(messages: list[dict], multimodal: bool) -> list[dict]:
 
 def _content_for(message: dict, multimodal: bool) -> dict:
     content = message["content"]
-    items = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    items = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
     if multimodal:
         return {**message, "content": items}
     if any(item.get("type") != "text" for item in items):

@@ -37,17 +37,24 @@ BUCKETS = {"tiny-gemma3-vlm": "1,4"}
 
 
 # The files that take longest (each compiles bundles of its own, or runs the bench), started first so
-# that neither xdist worker is left running one of them alone at the end (each file runs on one worker:
-# pyproject's --dist loadfile). A scheduling hint: any order passes.
+# that neither xdist worker is left running one of them alone at the end. A scheduling hint: any order
+# passes.
 LONGEST_FIRST = (
     "slow/test_tools.py", "bundle/test_quant.py", "bundle/test_buckets.py", "bundle/test_cli.py",
     "serve/test_ray.py", "bundle/test_onnx.py", "bundle/test_faults.py",
 )  # fmt: skip
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (pyproject: --dist loadgroup)
 def pytest_collection_modifyitems(config, items):
+    """A file's tests run on one worker (they share its bundles, which the other worker would wait
+    for, and one Ray cluster runs at a time), unless a test names a group of its own: a file whose
+    bundles are independent splits them (tests/bundle/test_quant.py)."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get("/".join(item.path.parts[-2:]), len(rank)))  # stable: files keep their order
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device on this machine")

@@ -206,3 +206,17 @@ def prefilled_step(rt, ids, rows: int | None = None):
     pad_mask[:, : seq + 1] = True
     position, cache_position = torch.full((rows, 1), seq), torch.full((rows,), seq)
     return (logits.argmax(-1)[:, None], position, cache_position, pad_mask, kv), logits
+
+
+# A JSON schema a random-weight model can finish within a few dozen tokens (bounded values only), and
+# that its free text essentially never matches: the structured-output tests hold replies to it.
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["color", "count", "ok"],
+    "additionalProperties": False,
+}

@@ -22,7 +22,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.errors import EngineClosedError, InvalidInputError, QueueFullError, RuntimeBusyError
-from runtime.serve import access
+from runtime.serve import access, tools
 from runtime.serve.choices import TextStream
 from runtime.serve.completion import check_stops, generate_options, n_choices
 from runtime.serve.config import ServeConfig
@@ -170,7 +170,7 @@ def _install_generation(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         def inputs(rt):
-            template = {"add_generation_prompt": body.add_generation_prompt}
+            template = {"add_generation_prompt": body.add_generation_prompt, "tools": body.tool_dicts}
             template["continue_final_message"] = body.continue_final_message
             return chat_inputs(rt, chat_messages(body.messages, budget), app.state.config.parse_special, **template)
 
@@ -201,7 +201,8 @@ async def _respond(app: FastAPI, request: Request, body, build_inputs, kind: str
     request.state.generating = True  # logged when the reply ends (_ended), not when the response starts
     prompt_tokens = inputs["input_ids"].shape[1]
     text = TextStream(rt.tokenizer, handle, body.stop, body.alternatives, copies)
-    reply = Reply(kind, body.model or app.state.config.name, prompt_tokens, text)  # an alias is answered as itself
+    calls = _tool_calls(rt, body, inputs["input_ids"])
+    reply = Reply(kind, body.model or app.state.config.name, prompt_tokens, text, calls)  # an alias is itself
     if body.stream:
         return StreamingResponse(_events(app, request, handle, text, reply, body), media_type="text/event-stream")
     try:
@@ -212,6 +213,13 @@ async def _respond(app: FastAPI, request: Request, body, build_inputs, kind: str
     finally:
         _ended(app, request, handle, text, reply)
     return reply.whole({row: "".join(p for r, p in pieces if r == row) for row in range(len(text.rows))})
+
+
+def _tool_calls(rt, body, prompt_ids):
+    """For a request with tools: a choice's token ids -> (content, OpenAI tool_calls); else None."""
+    if getattr(body, "tool_mode", None) is None:
+        return None
+    return lambda ids: tools.parse(rt, ids, prompt_ids, body.tool_dicts)
 
 
 def _ended(app: FastAPI, request: Request, handle, text: TextStream, reply: Reply) -> None:
@@ -269,7 +277,7 @@ async def _events(app: FastAPI, request: Request, handle, text: TextStream, repl
         for chunk in reply.opening():  # the role first, as OpenAI does
             yield reply.event(chunk)
         async for row, piece in iterate_in_threadpool(iter(text)):
-            for chunk in reply.pieces(row, piece):
+            for chunk in reply.pieces(row, piece):  # none for a request with tools: its calls are parsed at the end
                 yield reply.event(chunk)
         for chunk in reply.closing():
             yield reply.event(chunk)

@@ -11,6 +11,7 @@ from transformers.generation import LogitsProcessorList
 
 from runtime.errors import InvalidInputError
 from runtime.generation.penalties import AdditivePenalties
+from runtime.serve import tools
 
 
 def check_stops(stops: list[str] | None, max_stops: int, max_chars: int) -> None:
@@ -36,8 +37,8 @@ def generate_options(request, rt, prompt_tokens: int) -> dict:
         processors.append(
             AdditivePenalties(request.frequency_penalty or 0, request.presence_penalty or 0, prompt_tokens)
         )
-    if request.output_format is not None:  # last: the mask has the final word on what may come next
-        processors.append(rt.constrain(*request.output_format))
+    if (grammar := _format(request, rt)) is not None:  # last: the mask has the final word on what comes next
+        processors.append(rt.constrain(*grammar))
     if processors:
         options["logits_processor"] = processors
     if request.stop:
@@ -45,6 +46,20 @@ def generate_options(request, rt, prompt_tokens: int) -> dict:
     if request.seed is not None:
         options["generator"] = torch.Generator(rt.contract.device).manual_seed(request.seed)
     return options
+
+
+def _format(request, rt) -> tuple[str, object] | None:
+    """The format the reply is held to: the request's, or a tool call where tool_choice demands one."""
+    mode = getattr(request, "tool_mode", None)  # chat requests only
+    if mode is not None:
+        tools.response_template(rt)  # a bundle that cannot take tools says so before any work
+    if mode in (None, "auto"):
+        return request.output_format
+    if request.output_format is not None:
+        raise InvalidInputError(
+            f"tool_choice {mode!r} holds the reply to a tool call: send it without an output format"
+        )
+    return "lark", tools.call_grammar(rt, request.tool_dicts, None if mode == "required" else mode)
 
 
 def _biases(request, vocab_size: int) -> dict:

@@ -7,6 +7,7 @@ rendering and images are runtime.inputs'.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from runtime.errors import ImageInputError
@@ -56,7 +57,7 @@ class ImageBudget:
 
 def chat_messages(messages, budget: ImageBudget) -> list[dict]:
     """HF chat messages, every image checked against `budget` (all of them, headers only) first."""
-    parts = [part for m in messages if not isinstance(m.content, str) for part in m.content]
+    parts = [part for m in messages if isinstance(m.content, list) for part in m.content]
     budget.check([_url(part) for part in parts if part.type != "text"])
     return [_message(m, budget.max_pixels) for m in messages]
 
@@ -69,12 +70,26 @@ def _url(part) -> str:
 
 def _message(message, max_pixels: int) -> dict:
     role = ROLES.get(message.role, message.role)
-    if isinstance(message.content, str):
-        return {"role": role, "content": message.content}
+    calls = {"tool_calls": [_call(c) for c in message.tool_calls]} if message.tool_calls else {}
+    calls |= {"tool_call_id": message.tool_call_id} if message.tool_call_id else {}
+    if message.content is None or isinstance(message.content, str):
+        return {"role": role, "content": message.content or ""} | calls
     content = []
     for part in message.content:
         if part.type == "text":
             content.append({"type": "text", "text": part.text or ""})
         else:
             content.append({"type": "image", "image": decode_image(_url(part), max_pixels)})
-    return {"role": role, "content": content}
+    return {"role": role, "content": content} | calls
+
+
+def _call(call: dict) -> dict:
+    """An earlier tool call as templates take it: OpenAI sends the arguments as a JSON string, chat
+    templates write them with `tojson`, so a string would be written as a quoted string."""
+    function = dict(call.get("function") or {})
+    if isinstance(function.get("arguments"), str):
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except ValueError:
+            pass  # not JSON: the template gets it as it came
+    return {**call, "function": function}

@@ -18,8 +18,10 @@ from runtime.serve.logprobs import chat_logprobs, completion_logprobs
 class Reply:
     """The bodies of one "chat" or "text" completion, over the TextStream that makes its choices."""
 
-    def __init__(self, kind: str, model: str, prompt_tokens: int, text: TextStream):
-        self.kind, self.model, self.prompt_tokens, self.text = kind, model, prompt_tokens, text
+    def __init__(self, kind: str, model: str, prompt_tokens: int, text: TextStream, calls=None):
+        """`calls`: for a request with tools, a choice's token ids -> (content, OpenAI tool_calls)
+        (runtime.serve.tools.parse); its text is then held back and parsed once the choice has ended."""
+        self.kind, self.model, self.prompt_tokens, self.text, self.calls = kind, model, prompt_tokens, text, calls
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.sent: dict[int, int] = {}  # characters of each choice handed out: a completion's text_offset
@@ -49,13 +51,23 @@ class Reply:
         choices = []
         for index, row in self.text.choices:
             content = contents[self.text.rows.index(row)]
-            done = {"logprobs": self._logprobs(index, content, scored[id(row)]), "finish_reason": row.finish_reason}
+            message, finish = self._message(row, content)
+            done = {"logprobs": self._logprobs(index, content, scored[id(row)]), "finish_reason": finish}
             if self.kind == "chat":
-                choices.append({"index": index, "message": {"role": "assistant", "content": content}} | done)
+                choices.append({"index": index, "message": message} | done)
             else:
                 choices.append({"index": index, "text": content} | done)
         body = self._body("chat.completion" if self.kind == "chat" else "text_completion", choices)
         return body | {"usage": self.usage()}
+
+    def _message(self, row: ChoiceText, content: str) -> tuple[dict, str | None]:
+        """A chat choice's message and finish reason: with tools, what the parser read in its tokens."""
+        if self.calls is None:
+            return {"role": "assistant", "content": content}, row.finish_reason
+        content, calls = self.calls(row.pieces.ids)
+        if not calls:
+            return {"role": "assistant", "content": content or ""}, row.finish_reason
+        return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
     def _remaining(self) -> dict[int, list]:
         """Each row's tokens not yet handed out, by id(row): greedy copies share their row's."""
@@ -71,6 +83,8 @@ class Reply:
 
     def pieces(self, row: int, piece: str) -> list[dict]:
         """The chunks of one row's new text: one per choice that row makes (greedy copies share it)."""
+        if self.calls is not None:  # held back: a call's markup must not reach the client as content
+            return []
         choice = self.text.rows[row]
         scored = choice.taken()
         return [self._piece(index, choice, piece, scored) for index, c in self.text.choices if c is choice]
@@ -78,7 +92,32 @@ class Reply:
     def closing(self) -> list[dict]:
         """Each choice's last chunk, with its finish reason (and the logprobs of text held back to the end)."""
         scored = self._remaining()
+        if self.calls is not None:
+            return [chunk for index, row in self.text.choices for chunk in self._parsed(index, row, scored[id(row)])]
         return [self._piece(index, row, None, scored[id(row)]) for index, row in self.text.choices]
+
+    def _parsed(self, index: int, row: ChoiceText, scored: list) -> list[dict]:
+        """A tool request's choice, streamed once it has ended: its content, each call as a tool_calls
+        delta (the whole arguments in one), and the finish."""
+        message, finish = self._message(row, row.text[: row.sent])
+        logprobs = self._logprobs(index, row.text, scored)
+        chunks = [
+            self._chunk(
+                [
+                    {
+                        "index": index,
+                        "delta": {"content": message["content"]},
+                        "logprobs": logprobs,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+        ]
+        for k, call in enumerate(message.get("tool_calls", [])):
+            delta = {"tool_calls": [{"index": k} | call]}
+            chunks.append(self._chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]))
+        chunks.append(self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}]))
+        return chunks
 
     def _piece(self, index: int, row: ChoiceText, piece: str | None, scored: list) -> dict:
         logprobs = self._logprobs(index, piece or "", scored) if piece is not None or scored else None

@@ -1,9 +1,8 @@
 """The OpenAI request bodies aotpack serves, as pydantic models (FastAPI validates them).
 
 Owns: which fields are accepted and their ranges. Unknown fields are ignored, as OpenAI-compatible
-servers do, except those that would change the answer and are not implemented (tools and
-tool_choice; echo, suffix and best_of on completions), which are refused with a 400 naming the field
-rather than silently dropped.
+servers do, except those that would change the answer and are not implemented (echo, suffix, best_of
+and tools on completions), which are refused with a 400 naming the field rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -29,8 +28,27 @@ class ContentPart(BaseModel):
 
 
 class Message(BaseModel):
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[ContentPart]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart] | None = None  # None only beside an assistant's tool_calls
+    tool_calls: list[dict] | None = None  # an assistant's earlier calls: {"id", "type", "function": {name, arguments}}
+    tool_call_id: str | None = None  # a tool message's: the call it answers
+
+    @model_validator(mode="after")
+    def _content_or_calls(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"the {self.role} message needs its content (an assistant's may give tool_calls instead)")
+        return self
+
+
+class Function(BaseModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: Function
 
 
 class Sampling(BaseModel):
@@ -46,7 +64,6 @@ class Sampling(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     n: int = 1  # choices (sampled ones each take a cache row: runtime.serve.completion.n_choices)
     stream_options: dict | None = None
-    tools: list | None = None
     # OpenAI's additive penalties over the tokens generated so far (runtime.generation.penalties), and a
     # bias added to given tokens' logits (HF's sequence_bias): both before temperature and top_p
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -54,7 +71,6 @@ class Sampling(BaseModel):
     logit_bias: dict[str, float] | None = None
     # OpenAI fields aotpack does not implement yet: each would change the answer, so a value that is not
     # the field's no-op is refused rather than silently ignored.
-    tool_choice: str | dict | None = None
     # Structured output (runtime.generation.grammar): OpenAI's response_format, or vLLM's
     # structured_outputs ({"json"|"regex"|"choice"|"grammar": ...}) and its older guided_* fields
     response_format: dict | None = None
@@ -87,13 +103,6 @@ class Sampling(BaseModel):
                 raise ValueError(f"logit_bias keys are token ids, as strings of digits; got {key!r:.40}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias of token {key} is {bias}; biases go from -100 to 100")
-        return value
-
-    @field_validator("tools")
-    @classmethod
-    def _unsupported(cls, value, info):
-        if value:  # None, False, 0 and {} change nothing
-            raise ValueError(f"{info.field_name} is not supported by aotpack serve")
         return value
 
     @field_validator("response_format")
@@ -140,13 +149,6 @@ class Sampling(BaseModel):
         formats = self._formats()
         return formats[0][1] if formats else None
 
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_call(cls, value):
-        if value not in (None, "none", "auto"):  # tools are refused, so "auto" and "none" call none
-            raise ValueError("tool_choice is not supported by aotpack serve (tools are not)")
-        return value
-
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
@@ -161,6 +163,38 @@ class ChatRequest(Sampling):
     # opening a new turn, or leave the assistant's turn unopened
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # Tool calling (runtime.serve.tools): the tools go through the chat template; "required" or a named
+    # function holds the reply to one call whose arguments follow its parameters' schema
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict | None = None
+    parallel_tool_calls: bool | None = None  # "auto" parses every call the reply holds; "required" makes one
+
+    @model_validator(mode="after")
+    def _choice_among_tools(self):
+        names = [t.function.name for t in self.tools or []]
+        choice = self.tool_choice
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name")
+            if choice.get("type") != "function" or name not in names:
+                raise ValueError(
+                    f"tool_choice {json.dumps(choice)[:80]} names no tool of this request; "
+                    f'send {{"type": "function", "function": {{"name": one of {names}}}}}'
+                )
+        elif choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        return self
+
+    @property
+    def tool_mode(self) -> str | None:
+        """None (no tools, or "none": the reply is text), "auto", "required", or the named function."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        choice = self.tool_choice or "auto"
+        return choice["function"]["name"] if isinstance(choice, dict) else choice
+
+    @property
+    def tool_dicts(self) -> list[dict] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
     @model_validator(mode="after")
     def _alternatives_need_logprobs(self):
@@ -195,11 +229,12 @@ class ChatRequest(Sampling):
 class CompletionRequest(Sampling):
     prompt: str | list[str]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)  # the legacy API's: alternatives per token
+    tools: list | None = None  # a chat completions field: refused here by name
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
 
-    @field_validator("echo", "suffix")
+    @field_validator("echo", "suffix", "tools")
     @classmethod
     def _unsupported_completion(cls, value, info):
         if value:

@@ -24,8 +24,13 @@ QUANTIZED = {  # preset -> export options: both methods, three families, a slidi
 CONVERSATION = [[{"role": "user", "content": "Why is the sky blue?"}]]
 
 
+def _on(name: str) -> pytest.MarkDecorator:
+    """The tests of one quantized bundle run on one xdist worker, each bundle's beside the others'."""
+    return pytest.mark.xdist_group(f"quantized-{name}")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(QUANTIZED))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=_on(name)) for name in QUANTIZED])
 def test_quantized_bundle_matches_its_eager_model(name, runtime):
     """Greedy tokens identical to HF eager generate on the same quantized model (rt.model is the eager
     model the bundle builds), raw logits within 1e-4 in fp32, past the window of 8 where there is one."""
@@ -38,6 +43,7 @@ def test_quantized_bundle_matches_its_eager_model(name, runtime):
 
 
 @pytest.mark.slow
+@_on("tiny-llama")
 def test_loading_a_quantized_bundle_leaves_subnormals_alone(bundle):
     """Its .so is built with unsafe-math flags, and GCC 12 links crtfastmath.o into it: loading it set
     flush-to-zero in the loading thread (and every thread started after), for the whole process."""
@@ -54,6 +60,7 @@ def test_loading_a_quantized_bundle_leaves_subnormals_alone(bundle):
 
 
 @pytest.mark.slow
+@_on("tiny-gemma3-vlm")
 def test_quantized_vlm_with_an_image_matches_its_eager_model(runtime):
     from PIL import Image
 
@@ -73,6 +80,7 @@ def test_quantized_vlm_with_an_image_matches_its_eager_model(runtime):
 
 
 @pytest.mark.slow
+@_on("tiny-llama")
 def test_quantized_weights_are_stored_once_and_lent_to_the_decode(runtime):
     """No float copy of a quantized weight exists, and an in-place change to a stored quantized tensor
     changes the compiled output: the .so reads the eager model's own packed tensors."""
@@ -97,6 +105,7 @@ def test_quantized_weights_are_stored_once_and_lent_to_the_decode(runtime):
 
 
 @pytest.mark.slow
+@_on("tiny-gemma3")
 def test_quantized_manifest_records_accuracy(runtime):
     m = runtime("tiny-gemma3", *QUANTIZED["tiny-gemma3"]).manifest
     a = m.accuracy
@@ -107,6 +116,7 @@ def test_quantized_manifest_records_accuracy(runtime):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tuned-tiny-gemma3")
 def test_tuned_bundle_records_every_candidate_and_keeps_the_fastest(runtime, reference):
     """`--gemv tune` times ATen's mm and the Inductor reduction for every weight shape; the manifest
     keeps both rates and the faster choice, and the bundle still matches HF past the window."""

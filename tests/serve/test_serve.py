@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 import pytest
 import torch
+from helpers import JSON_SCHEMA as SCHEMA
 from helpers import chat
 from openai import APIStatusError, OpenAI
 
@@ -47,12 +48,13 @@ def serving(runtime, bundle):
 
     servers, started = {}, []
 
-    def start(name: str, **options):
+    def start(name: str, rt=None, **options):
+        """`rt`: a runtime of the preset's to serve instead of its bundle's (an eager one, say)."""
         options = {"served_model_names": (MODEL,)} | options
-        key = (name, tuple(sorted(options.items())))
+        key = (name, id(rt), tuple(sorted(options.items())))
         if key not in servers:
-            rt = runtime(name)
-            config = ServeConfig(bundle=bundle(name), port=0, **options)
+            rt = rt or runtime(name)
+            config = ServeConfig(bundle=rt.path if rt.manifest is None else bundle(name), port=0, **options)
             sock = bind("127.0.0.1", 0)
             app = create_app(rt, config)
             server = _Server(uvicorn.Config(app, log_level="warning"), app)
@@ -251,18 +253,6 @@ def test_penalties_and_logit_bias_follow_openais_formulas_on_the_logits(serving,
     assert client(url).chat.completions.create(**ask).choices[0].message.content != expected  # they changed it
 
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "color": {"enum": ["red", "green", "blue"]},
-        "count": {"type": "integer", "minimum": 0, "maximum": 99},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["color", "count", "ok"],
-    "additionalProperties": False,
-}
-
-
 def test_json_schema_output_validates_20_of_20_streaming_or_not_beside_free_text(serving):
     """A random-weight model, sampled: held to the schema by llguidance's mask in its own rows while
     free-text requests decode in the same steps (4 rows, 28 requests at once)."""
@@ -315,6 +305,110 @@ def test_n_greedy_choices_are_one_decode_and_sampled_ones_are_hfs_sequences(serv
     assert [c.index for c in completions.choices] == [0, 1] and completions.choices[0].text == completions.choices[
         1
     ].text
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "A city's weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]
+
+
+@pytest.fixture(scope="module")
+def qwen(serving, eager_runtime):
+    """aotpack serve over tiny-qwen3, whose template renders tools as Qwen's does, on the eager step:
+    the tools' signatures take ~640 prompt tokens of its 384-token vocabulary, past the bundles' 160 slots."""
+    return serving("tiny-qwen3", rt=eager_runtime("tiny-qwen3", rows=4, cache=1024))[0]
+
+
+def _called(reply_or_chunks, stream: bool) -> tuple[list, str]:
+    """(tool calls as (name, arguments), finish reason) of a whole reply or of a stream's chunks."""
+    if not stream:
+        choice = reply_or_chunks.choices[0]
+        calls = choice.message.tool_calls or []
+        return [(c.function.name, c.function.arguments) for c in calls], choice.finish_reason
+    calls, finish = [], None
+    for chunk in reply_or_chunks:
+        for choice in chunk.choices:
+            calls += [(c.function.name, c.function.arguments) for c in choice.delta.tool_calls or []]
+            finish = choice.finish_reason or finish
+    return calls, finish
+
+
+def test_required_and_named_tool_choices_give_calls_whose_arguments_validate_20_of_20(qwen):
+    """A random-weight model, sampled: the grammar holds it to one call in Qwen's format, with
+    arguments that follow the tool's parameter schema; transformers' parser reads the call back."""
+    import jsonschema
+
+    ask = {"model": MODEL, "messages": QUESTION, "tools": TOOLS, "temperature": 1.0, "max_tokens": 96}
+    for i in range(20):
+        named = i % 2 == 0
+        choice = {"type": "function", "function": {"name": "get_weather"}} if named else "required"
+        stream = i % 4 >= 2
+        reply = client(qwen).chat.completions.create(**ask, seed=i, tool_choice=choice, stream=stream)
+        calls, finish = _called(reply, stream)
+        ((name, arguments),) = calls  # one call, streamed or not
+        assert finish == "tool_calls" and (name == "get_weather" or not named), (name, arguments)
+        jsonschema.validate(
+            json.loads(arguments), WEATHER if name == "get_weather" else TOOLS[1]["function"]["parameters"]
+        )
+
+
+def test_auto_tool_choice_shows_what_the_model_does_and_none_gives_text(qwen):
+    ask = {"model": MODEL, "messages": QUESTION, "tools": TOOLS, "max_tokens": 16, "temperature": 0}
+    auto = client(qwen).chat.completions.create(**ask)  # a random model writes no call: text, finish length
+    assert auto.choices[0].message.tool_calls is None and auto.choices[0].finish_reason in ("length", "stop")
+    assert client(qwen).chat.completions.create(**ask, tool_choice="none").choices[0].message.content is not None
+
+
+def test_a_tool_call_and_its_result_go_back_through_the_template(qwen, eager_runtime):
+    """A conversation holding an assistant's call (arguments as OpenAI's JSON string) and the tool's
+    result: the prompt is the template's rendering of them (the arguments as JSON, not a quoted string)."""
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'},
+    }
+    messages = [
+        *QUESTION,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    reply = client(qwen).chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, max_tokens=4, temperature=0
+    )
+    rt = eager_runtime("tiny-qwen3", rows=4, cache=1024)
+    rendered = [
+        *QUESTION,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{**call, "function": {**call["function"], "arguments": {"city": "Paris", "unit": "c"}}}],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    ids = rt.tokenizer.apply_chat_template(
+        rendered, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    assert reply.usage.prompt_tokens == len(ids)
+    assert '"arguments": {"city": "Paris", "unit": "c"}' in rt.tokenizer.decode(ids)
+
+
+def test_tools_on_a_bundle_whose_template_has_none_are_refused(serving):
+    url, _ = serving(TEXT)
+    status, _, text = fetch("POST", f"{url}/v1/chat/completions", {"messages": QUESTION, "tools": TOOLS})
+    assert status == 400 and "chat template does not render tools" in json.loads(text)["error"]["message"]
+    status, _, text = fetch(
+        "POST",
+        f"{url}/v1/chat/completions",
+        {"messages": QUESTION, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+    )
+    assert status == 400 and "names no tool of this request" in json.loads(text)["error"]["message"]
 
 
 def test_stop_cuts_where_the_stop_string_begins(serving):

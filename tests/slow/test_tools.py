@@ -17,6 +17,7 @@ ROOT = Path(__file__).parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("bench-batch-1")  # minutes of exports and fresh processes: a worker of its own
 def test_bench_completes_and_writes_its_files(tmp_path, capsys):
     """A benchmark is not a timed test: this checks that every figure is produced, not how fast."""
     out = tmp_path / "bench"
@@ -85,6 +86,7 @@ def _synthetic_run(system: str, decode_ms: float, tokens: list[int], round_: int
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("bench-contexts")
 def test_bench_context_sweep_completes_and_writes_its_files(tmp_path):
     """`--contexts` over two cache sizes: each context that fits, decode, and the engine against the step."""
     out = tmp_path / "contexts"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,3 +92,24 @@ def test_decode_attention_is_atens_cpu_flash_kernel_with_a_dynamic_batch(checkpo
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     calls = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
     assert sum("_scaled_dot_product_flash_attention_for_cpu" in c for c in calls) == len(layout)
+
+
+def test_each_graphs_compiled_files_are_kept_with_its_own_metadata(tmp_path):
+    """AOTInductor writes a graph's metadata beside its code in the shared Inductor cache, named by the
+    code alone: another process compiling the same graph for another bundle rewrites it. The export
+    keeps a private copy of each graph's files, whose metadata is this graph's."""
+    from exporter.compile import _kept
+    from runtime.format.contract import METADATA_KEY
+
+    shared = tmp_path / "torchinductor" / "cabc"
+    shared.mkdir(parents=True)
+    (shared / "cabc.wrapper.so").write_bytes(b"\x7fELF")
+    (shared / "cabc.wrapper_metadata.json").write_text(
+        json.dumps({METADATA_KEY: "another bundle's", "AOTI_DEVICE_KEY": "cpu"})
+    )
+    files = [str(shared / "cabc.wrapper.so"), str(shared / "cabc.wrapper_metadata.json"), ""]
+    kept = _kept(files, tmp_path / "batch4", {METADATA_KEY: "this graph's"})
+    assert kept[2] == "" and [Path(f).parent for f in kept[:2]] == [tmp_path / "batch4"] * 2
+    assert json.loads(Path(kept[1]).read_text()) == {METADATA_KEY: "this graph's", "AOTI_DEVICE_KEY": "cpu"}
+    (shared / "cabc.wrapper_metadata.json").write_text("{}")  # the other process again: the copy is unaffected
+    assert json.loads(Path(kept[1]).read_text())[METADATA_KEY] == "this graph's"

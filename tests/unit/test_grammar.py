@@ -11,19 +11,9 @@ import re
 import jsonschema
 import pytest
 import torch
+from helpers import JSON_SCHEMA as SCHEMA
 
 from runtime.errors import InvalidInputError
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "color": {"enum": ["red", "green", "blue"]},
-        "count": {"type": "integer", "minimum": 0, "maximum": 99},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["color", "count", "ok"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")

@@ -176,3 +176,27 @@ def test_each_way_of_asking_for_a_format_names_the_same_grammar_kinds():
         {"type": "object"},
     )
     assert ChatRequest(messages=_HI, guided_grammar="start: /a+/").output_format == ("lark", "start: /a+/")
+
+
+def test_tool_fields_are_checked_where_they_are_given():
+    from pydantic import ValidationError
+
+    from runtime.serve.schema import ChatRequest, CompletionRequest
+
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    request = ChatRequest(
+        messages=_HI, tools=[tool], tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    )
+    assert request.tool_mode == "get_weather" and request.tool_dicts == [tool]
+    assert ChatRequest(messages=_HI, tools=[tool]).tool_mode == "auto"
+    assert ChatRequest(messages=_HI, tools=[tool], tool_choice="none").tool_mode is None
+    with pytest.raises(ValidationError, match="the assistant message needs its content"):
+        ChatRequest(messages=[{"role": "assistant", "content": None}])
+    call = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    ChatRequest(
+        messages=[*_HI, {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "content": "1"}]
+    )
+    with pytest.raises(ValidationError, match="String should match pattern"):
+        ChatRequest(messages=_HI, tools=[{"type": "function", "function": {"name": "get weather"}}])
+    with pytest.raises(ValidationError, match="tools is not supported by aotpack serve"):
+        CompletionRequest(prompt="p", tools=[tool])

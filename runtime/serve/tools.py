@@ -1,0 +1,80 @@
+"""Tool calling: OpenAI's `tools` and `tool_choice` through the checkpoint's own chat template and
+transformers' own response templates.
+
+Owns: checking that a bundle can take tools (its chat template renders them, and transformers knows
+how its model writes a call: the tokenizer's `response_template`, else transformers' fallback for the
+model type), the grammar that holds `tool_choice` "required" or a named function to a call whose
+arguments follow the tool's parameter schema (llguidance, runtime.generation.grammar), and parsing a
+reply into OpenAI's `tool_calls`. Constrained calls are built for the `<tool_call>{json}</tool_call>`
+format (Qwen 2.5/3, Hermes, SmolLM2); other formats take `auto` only.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from runtime import compat
+from runtime.errors import InvalidInputError
+
+_HERMES_OPEN = r"\s*<tool_call>"  # transformers' pattern for the <tool_call>{json}</tool_call> format
+
+
+def response_template(rt) -> dict:
+    """How this bundle's model writes a tool call, or a 400 that says it cannot take tools."""
+    template = getattr(rt.processor, "chat_template", None) or ""
+    if "tools" not in template:
+        raise InvalidInputError("this bundle's chat template does not render tools; send the request without tools")
+    parsing = compat.response_template(rt.tokenizer, rt.model)
+    if parsing is None or "tool_calls" not in parsing.get("fields", {}):
+        kind = rt.model.config.model_type
+        raise InvalidInputError(
+            f"transformers knows no tool-call format for model type {kind!r} (the tokenizer has no "
+            "response_template): its calls could not be parsed; send the request without tools"
+        )
+    return parsing
+
+
+def call_grammar(rt, tools: list[dict], name: str | None) -> str:
+    """A lark grammar (for rt.constrain) of exactly one call of `name` (None: any of `tools`), its
+    arguments held to the tool's parameter schema; the reply then ends (the model's eos is all the
+    grammar allows)."""
+    if response_template(rt)["fields"]["tool_calls"].get("open_pattern") != _HERMES_OPEN:
+        raise InvalidInputError(
+            "tool_choice 'required' or a named function holds the reply to a call in the <tool_call>{json}"
+            "</tool_call> format; this model writes calls in another one: use tool_choice 'auto'"
+        )
+    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    calls = [_call_schema(f) for f in chosen]
+    schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
+    schema["x-guidance"] = {"whitespace_flexible": False}
+    return 'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json ' + json.dumps(schema)
+
+
+def _call_schema(function: dict) -> dict:
+    parameters = function.get("parameters") or {"type": "object", "properties": {}}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def parse(rt, generated: list[int], prompt_ids, tools: list[dict]) -> tuple[str | None, list[dict]]:
+    """A reply's (content, OpenAI tool_calls) as transformers' response template reads them."""
+    prefix = rt.tokenizer.decode(prompt_ids[0].tolist())
+    parsed = rt.tokenizer.parse_response(generated, response_template(rt), prefix=prefix, tools=tools)
+    calls = []
+    for call in parsed.get("tool_calls") or []:
+        function = call["function"]
+        arguments = function["arguments"]
+        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
+    return parsed.get("content"), calls
