@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -37,17 +38,23 @@ def _llguidance():
     return llguidance
 
 
+@contextmanager
+def _refused(what: str):
+    """llguidance's errors, and a Rust panic (pyo3's PanicException is a BaseException), as the
+    InvalidInputError that says `what` could not be done and why."""
+    try:
+        yield
+    except (InvalidInputError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        raise InvalidInputError(f"{what}: {str(e)[:300]}") from None
+
+
 def grammar_of(kind: str, spec) -> str:
     """One format as an llguidance grammar: json_schema (a schema dict, or True for any JSON object),
     regex (a pattern), choice (a list of strings, exactly one of which is the output), lark (a grammar)."""
-    try:
+    with _refused(f"the {kind} format cannot be used"):
         return _grammar_of(kind, spec)
-    except InvalidInputError:
-        raise
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # llguidance's errors, and a Rust panic (a BaseException, from pyo3)
-        raise InvalidInputError(f"the {kind} format cannot be used: {str(e)[:300]}") from None
 
 
 def _grammar_of(kind: str, spec) -> str:
@@ -72,32 +79,24 @@ def grammar_tokenizer(tokenizer, vocab_size: int, eos_ids: list[int]):
     return _llguidance().hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos_ids) or None)
 
 
-def check_grammar(ll_tokenizer, grammar: str) -> None:
-    """Refuse a grammar llguidance cannot compile (a bad schema, a bad regex), before any model work."""
-    try:
-        error = _llguidance().LLMatcher.validate_grammar(grammar, ll_tokenizer)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # a Rust panic is a BaseException (pyo3's PanicException)
-        error = str(e)[:300]
-    if error:
-        raise InvalidInputError(f"the output format cannot be used: {error}")
-
-
 class GrammarProcessor(LogitsProcessor):
     """Every row's scores outside what its matcher allows next become -inf. Use one per generate call:
     it follows the rows from the first call (the prompt) on, consuming each step's chosen token."""
 
     def __init__(self, ll_tokenizer, grammar: str):
-        check_grammar(ll_tokenizer, grammar)
-        self.ll_tokenizer, self.grammar = ll_tokenizer, grammar
+        """Compile `grammar` now (once: each row's matcher is a copy), refusing one llguidance cannot
+        compile (a bad schema, a bad regex) before any model work."""
+        what = "the output format cannot be used"
+        with _refused(what):
+            self.first = _llguidance().LLMatcher(ll_tokenizer, grammar, log_level=0)
+        if self.first.is_error():
+            raise InvalidInputError(f"{what}: {self.first.get_error()[:300]}")
         self.matchers: list | None = None
         self.seen = 0  # tokens of the history already consumed (the prompt's first)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.matchers is None:
-            matcher = _llguidance().LLMatcher
-            self.matchers = [matcher(self.ll_tokenizer, self.grammar, log_level=0) for _ in range(input_ids.shape[0])]
+            self.matchers = [self.first] + [self.first.deep_copy() for _ in range(input_ids.shape[0] - 1)]
         else:
             for m, tokens in zip(self.matchers, input_ids[:, self.seen :].tolist(), strict=True):
                 for token in tokens:

@@ -206,20 +206,21 @@ async def _respond(app: FastAPI, request: Request, body, build_inputs, kind: str
     if body.stream:
         return StreamingResponse(_events(app, request, handle, text, reply, body), media_type="text/event-stream")
     try:
-        pieces = await _unless_gone(request, handle, run_in_threadpool(list, text))
+        await _unless_gone(request, handle, run_in_threadpool(list, text))  # each choice keeps its own text
     except Exception as e:
         request.state.generating = False  # the error response's own line says its status
         raise _failure(e) from None
     finally:
         _ended(app, request, handle, text, reply)
-    return reply.whole({row: "".join(p for r, p in pieces if r == row) for row in range(len(text.rows))})
+    return reply.whole()
 
 
 def _tool_calls(rt, body, prompt_ids):
     """For a request with tools: a choice's token ids -> (content, OpenAI tool_calls); else None."""
     if getattr(body, "tool_mode", None) is None:
         return None
-    return lambda ids: tools.parse(rt, ids, prompt_ids, body.tool_dicts)
+    prefix = rt.tokenizer.decode(prompt_ids[0].tolist())  # what the parser reads the reply after, once
+    return lambda ids: tools.parse(rt, ids, prefix, body.tool_dicts)
 
 
 def _ended(app: FastAPI, request: Request, handle, text: TextStream, reply: Reply) -> None:

@@ -46,6 +46,11 @@ class ChoiceText:
         self.finish_reason = self.finish_reason or reason
         return piece
 
+    @property
+    def content(self) -> str:
+        """The text sent so far: every piece `add` and `end` returned, joined."""
+        return self.text[: self.sent]
+
     def taken(self) -> list[Scored]:
         """The tokens scored since the last call (the text sent so far comes from them)."""
         out, self._scored = self._scored, []

@@ -45,25 +45,24 @@ class Reply:
         # every served prompt is prefilled whole (no prefix reuse across requests yet): none came from a cache
         return usage | {"prompt_tokens_details": {"cached_tokens": 0}}
 
-    def whole(self, contents: dict[int, str]) -> dict:
-        """`contents`: each row's whole text."""
+    def whole(self) -> dict:
+        """The whole reply, once every choice has ended."""
         scored = self._remaining()
         choices = []
         for index, row in self.text.choices:
-            content = contents[self.text.rows.index(row)]
-            message, finish = self._message(row, content)
-            done = {"logprobs": self._logprobs(index, content, scored[id(row)]), "finish_reason": finish}
+            message, finish = self._message(row)
+            done = {"logprobs": self._logprobs(index, row.content, scored[id(row)]), "finish_reason": finish}
             if self.kind == "chat":
                 choices.append({"index": index, "message": message} | done)
             else:
-                choices.append({"index": index, "text": content} | done)
+                choices.append({"index": index, "text": row.content} | done)
         body = self._body("chat.completion" if self.kind == "chat" else "text_completion", choices)
         return body | {"usage": self.usage()}
 
-    def _message(self, row: ChoiceText, content: str) -> tuple[dict, str | None]:
+    def _message(self, row: ChoiceText) -> tuple[dict, str | None]:
         """A chat choice's message and finish reason: with tools, what the parser read in its tokens."""
         if self.calls is None:
-            return {"role": "assistant", "content": content}, row.finish_reason
+            return {"role": "assistant", "content": row.content}, row.finish_reason
         content, calls = self.calls(row.pieces.ids)
         if not calls:
             return {"role": "assistant", "content": content or ""}, row.finish_reason
@@ -77,9 +76,7 @@ class Reply:
         """A chat stream opens each choice with the role, as OpenAI does (a completion stream does not)."""
         if self.kind != "chat":
             return []
-        delta = {"role": "assistant", "content": ""}
-        opened = [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None} for i, _ in self.text.choices]
-        return [self._chunk([choice]) for choice in opened]
+        return [self._delta(i, {"role": "assistant", "content": ""}) for i, _ in self.text.choices]
 
     def pieces(self, row: int, piece: str) -> list[dict]:
         """The chunks of one row's new text: one per choice that row makes (greedy copies share it)."""
@@ -99,33 +96,24 @@ class Reply:
     def _parsed(self, index: int, row: ChoiceText, scored: list) -> list[dict]:
         """A tool request's choice, streamed once it has ended: its content, each call as a tool_calls
         delta (the whole arguments in one), and the finish."""
-        message, finish = self._message(row, row.text[: row.sent])
-        logprobs = self._logprobs(index, row.text, scored)
-        chunks = [
-            self._chunk(
-                [
-                    {
-                        "index": index,
-                        "delta": {"content": message["content"]},
-                        "logprobs": logprobs,
-                        "finish_reason": None,
-                    }
-                ]
-            )
+        message, finish = self._message(row)
+        chunks = [self._delta(index, {"content": message["content"]}, self._logprobs(index, row.content, scored))]
+        chunks += [
+            self._delta(index, {"tool_calls": [{"index": k} | call]})
+            for k, call in enumerate(message.get("tool_calls", []))
         ]
-        for k, call in enumerate(message.get("tool_calls", [])):
-            delta = {"tool_calls": [{"index": k} | call]}
-            chunks.append(self._chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]))
-        chunks.append(self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}]))
-        return chunks
+        return chunks + [self._delta(index, {}, finish=finish)]
 
     def _piece(self, index: int, row: ChoiceText, piece: str | None, scored: list) -> dict:
         logprobs = self._logprobs(index, piece or "", scored) if piece is not None or scored else None
         finish = row.finish_reason if piece is None else None
         if self.kind == "chat":
-            delta = {} if piece is None else {"content": piece}
-            return self._chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}])
+            return self._delta(index, {} if piece is None else {"content": piece}, logprobs, finish)
         return self._chunk([{"index": index, "text": piece or "", "logprobs": logprobs, "finish_reason": finish}])
+
+    def _delta(self, index: int, delta: dict, logprobs: dict | None = None, finish: str | None = None) -> dict:
+        """A chat stream's chunk of one choice."""
+        return self._chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}])
 
     def _chunk(self, choices: list[dict]) -> dict:
         return self._body("chat.completion.chunk" if self.kind == "chat" else "text_completion", choices)

@@ -61,9 +61,9 @@ def _call_schema(function: dict) -> dict:
     }
 
 
-def parse(rt, generated: list[int], prompt_ids, tools: list[dict]) -> tuple[str | None, list[dict]]:
-    """A reply's (content, OpenAI tool_calls) as transformers' response template reads them."""
-    prefix = rt.tokenizer.decode(prompt_ids[0].tolist())
+def parse(rt, generated: list[int], prefix: str, tools: list[dict]) -> tuple[str | None, list[dict]]:
+    """A reply's (content, OpenAI tool_calls) as transformers' response template reads them after the
+    prompt's text `prefix`."""
     parsed = rt.tokenizer.parse_response(generated, response_template(rt), prefix=prefix, tools=tools)
     calls = []
     for call in parsed.get("tool_calls") or []:
