@@ -59,9 +59,14 @@ class Reference:
     greedy_ids: torch.Tensor  # (1, PROMPT_TOKENS + n): the prompt and the float32 model's continuation
 
 
+def text_ids(tokenizer, config) -> list[int]:
+    """The token ids every bundle of a checkpoint is scored on (and the benchmark scores llama.cpp on)."""
+    limit = min(MAX_TEXT_TOKENS, getattr(config.get_text_config(), "max_position_embeddings", MAX_TEXT_TOKENS))
+    return tokenizer(TEXT).input_ids[:limit]
+
+
 def _text_ids(tokenizer, model: nn.Module) -> torch.Tensor:
-    limit = min(MAX_TEXT_TOKENS, getattr(model.config.get_text_config(), "max_position_embeddings", MAX_TEXT_TOKENS))
-    return tokenizer(TEXT, return_tensors="pt").input_ids[:, :limit]
+    return torch.tensor([text_ids(tokenizer, model.config)])  # (1, T)
 
 
 @torch.inference_mode()

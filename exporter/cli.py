@@ -47,9 +47,30 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     e.add_argument(
         "--quantize",
         choices=("int8", "int4"),
-        help="weight-only quantization of the text decoder, lm_head and embedding",
+        help="quantize the text decoder, lm_head and embedding",
     )
     e.add_argument("--group-size", type=int, help="int4: columns per scale and min (32, 64 or 128; default 32)")
+    e.add_argument(
+        "--quant-kernels",
+        choices=("auto", "integer", "inductor"),
+        default="auto",
+        help="what computes the quantized layers: aotpack's integer kernels (activations quantized per block "
+        "of 32, integer dot products), Inductor's dequantizing kernels, or auto: time both here, keep the faster",
+    )
+    e.add_argument(
+        "--recipe",
+        choices=("mixed", "sensitive", "uniform"),
+        default="mixed",
+        help="int4: hold at int8 what llama.cpp's Q4_K_M gives more bits: the lm_head, embedding and sensitive "
+        "layers, and weights whose width is not a multiple of 256 (mixed); the first three only (sensitive); "
+        "nothing (uniform)",
+    )
+    e.add_argument(
+        "--scale-search",
+        choices=("mse", "minmax"),
+        default="mse",
+        help="int4: fit each group's scale and min to its weights (mse, llama.cpp's search), or take its range",
+    )
     e.add_argument(
         "--gemv",
         choices=("tune", "aten", "reduce"),
@@ -65,9 +86,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     e.add_argument("--sign-key", type=Path, help="sign the bundle with this elliptic-curve private key (PEM)")
     e.add_argument("--force", action="store_true", help="replace an existing bundle once the new one is complete")
     c = sub.add_parser(
-        "cache", help="list (or --clear) the float32 checkpoints dequantized from GGUF files", formatter_class=Formatter
+        "cache",
+        help="list (or --clear) the float32 checkpoints dequantized from GGUF files and the integer kernels built",
+        formatter_class=Formatter,
     )
-    c.add_argument("--clear", action="store_true", help="remove them (the next export of a .gguf converts again)")
+    c.add_argument("--clear", action="store_true", help="remove them (the next export converts or compiles again)")
     b = sub.add_parser(
         "bench",
         help="benchmark HF eager, HF + torch.compile, aotpack and llama.cpp (not a test)",
@@ -181,6 +204,9 @@ def _export(args) -> int:
         cpu_isa=args.cpu_isa,
         quantize=args.quantize,
         group_size=args.group_size,
+        quant_kernels=args.quant_kernels,
+        recipe=args.recipe,
+        scale_search=args.scale_search,
         accuracy=not args.no_accuracy,
         gemv=args.gemv,
         sign_key=args.sign_key,
@@ -204,14 +230,15 @@ def _cache(args) -> int:
 
     from exporter.gguf import cache_dir, cached
 
-    entries = cached()
-    for path, size in entries:
-        print(f"{size / 2**20:8.0f} MiB  {path}")
-        if args.clear:
-            shutil.rmtree(path)
-    total = sum(size for _, size in entries) / 2**20
-    done = "removed" if args.clear else "in"
-    print(f"{len(entries)} dequantized checkpoint(s), {total:.0f} MiB, {done} {cache_dir() / 'gguf'}")
+    for kind, folder in (("dequantized checkpoint(s)", "gguf"), ("integer kernel build(s)", "kernels")):
+        entries = cached(folder)
+        for path, size in entries:
+            print(f"{size / 2**20:8.1f} MiB  {path}")
+            if args.clear:
+                shutil.rmtree(path)
+        total = sum(size for _, size in entries) / 2**20
+        done = "removed" if args.clear else "in"
+        print(f"{len(entries)} {kind}, {total:.1f} MiB, {done} {cache_dir() / folder}")
     return 0
 
 

@@ -26,6 +26,7 @@ PRIVATE_SYMBOLS = (
     (torch._inductor, "aot_compile", ("gm", "args", "kwargs", "options")),
     ("torch._inductor.package", "package_aoti", ("archive_file", "aoti_files")),
     ("torch._inductor.package", "load_package", ("path", "model_name")),
+    ("torch._inductor.cpp_builder", "get_cpp_compiler", ()),
     (
         torch.ops.aten,
         "_scaled_dot_product_flash_attention_for_cpu",
@@ -77,6 +78,14 @@ def aoti_compile(exported, options: dict) -> list:
     args, kwargs = exported.example_inputs
     module = exported.module(check_guards=False)
     return torch._inductor.aot_compile(module, args, kwargs, options=options | {"aot_inductor.package": True})
+
+
+def cpp_compiler() -> str:
+    """The C++ compiler Inductor compiles the decode graphs with (CXX, else its default): aotpack's own
+    kernels are built with the same one."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    return get_cpp_compiler()
 
 
 def aoti_package(package: str, models: dict[str, list]) -> str:

@@ -21,7 +21,10 @@ import torch
 from exporter.compat import aoti_compile, aoti_package, grouped_query_sdpa
 from runtime.errors import ExportError
 from runtime.format.contract import BATCH, INPUT_NAMES, METADATA_KEY, SPAN, STEP_INPUTS, DecodeContract, graph_name
+from runtime.format.manifest import NativeKernels, Quantization
+from runtime.format.quant import INDUCTOR
 from runtime.model.cache import allocate
+from runtime.quant import SCHEMES
 
 
 @torch.no_grad()
@@ -61,24 +64,43 @@ def dynamic_shapes(contract: DecodeContract, batch: int | None = None):
     return (*(spec(s.shape) for s in STEP_INPUTS), kv)
 
 
-def inductor_options(
-    device: str, cpu_isa: str, contract: DecodeContract, batch: int | None = None, quantized: bool = False
-) -> dict:
-    """`quantized`: let the C++ compiler reassociate and fuse float arithmetic. A dequantizing reduction
-    is bound by the latency of its one vector accumulator (an add every 8 weights); reassociation lets
-    GCC split that chain, and the int8/int4 kernels read 30-70 % faster on AVX2 here (float GEMVs,
-    bound by memory, gained nothing, so float bundles keep strict IEEE order). NaN and Inf keep their
-    meaning (`-fno-finite-math-only` stays), and the parity gate checks the result as always."""
+def kernel_options(device: str, cpu_isa: str, dequantizing: bool = False) -> dict:
+    """How Inductor compiles kernels for this target. `dequantizing` (a quantization of the inductor
+    family) lets the C++ compiler reassociate and fuse float arithmetic: a dequantizing reduction is
+    bound by the latency of its one vector accumulator (an add every 8 weights); reassociation lets GCC
+    split that chain, and the int8/int4 kernels read 30-70 % faster on AVX2 here (float GEMVs, bound by
+    memory, gained nothing, so float bundles keep strict IEEE order). NaN and Inf keep their meaning
+    (`-fno-finite-math-only` stays), and the parity gate checks the result as always."""
     options = {
         "aot_inductor.package_constants_in_so": False,  # weights live once, in the bundle's safetensors
         "cpp.dynamic_threads": True,  # torch.set_num_threads governs the .so at run time
-        # What the .so was compiled for, inside the .so: load() refuses a manifest that says otherwise.
-        "aot_inductor.metadata": {METADATA_KEY: contract.fingerprint(batch)},
     }
-    if device == "cpu" and quantized:
+    if device == "cpu" and dequantizing:
         options |= {"cpp.enable_unsafe_math_opt_flag": True, "cpp.enable_floating_point_contract_flag": "fast"}
     if device == "cpu" and cpu_isa == "avx2":
         options |= {"cpp.simdlen": 256, "cpp.march": "x86-64-v3"}  # portable to any AVX2 x86-64 CPU
+    return options
+
+
+def inductor_options(
+    device: str,
+    cpu_isa: str,
+    contract: DecodeContract,
+    batch: int | None = None,
+    quantization: Quantization | None = None,
+    native: NativeKernels | None = None,
+) -> dict:
+    """The options of one decode graph: kernel_options, the contract's fingerprint in its metadata, and for
+    the integer family's layers, aotpack's kernels (`native`): the graph calls their C shims directly (a
+    call through AOTInductor's proxy executor cost 19 us, 2.5 ms a Gemma step, against under 1 us) and
+    links against them by soname (exporter.kernels.linkable shows the linker where they are)."""
+    dequantizing = quantization is not None and quantization.kernels == INDUCTOR
+    options = kernel_options(device, cpu_isa, dequantizing)
+    # What the .so was compiled for, inside the .so: load() refuses a manifest that says otherwise.
+    options["aot_inductor.metadata"] = {METADATA_KEY: contract.fingerprint(batch)}
+    if native is not None:
+        shims = {s.op: [s.c_shim] for s in SCHEMES.values() if s.c_shim}
+        options |= {"aot_inductor.custom_ops_to_c_shims": shims, "aot_inductor.custom_op_libs": [f":{native.soname}"]}
     return options
 
 

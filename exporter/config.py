@@ -12,13 +12,14 @@ from pathlib import Path
 
 from runtime.errors import ExportError
 from runtime.format.files import MANIFEST
-from runtime.format.manifest import DEVICES, DTYPES
-from runtime.format.quant import GROUP_SIZES, INT4, METHODS, QuantSpec
+from runtime.format.manifest import DEVICES, DTYPES, RECIPES, SCALE_SEARCHES
+from runtime.format.quant import GROUP_SIZES, INDUCTOR, INT4, INTEGER, METHODS, QuantSpec
 
 CPU_ISAS = ("native", "avx2")
 MAX_CACHE_LEN = 1 << 20  # tokens: more than any model here attends to; a typo of 10**12 fails here, not in malloc
 MAX_BATCH = 1024
 GEMV_POLICIES = ("tune", "aten", "reduce")
+QUANT_KERNELS = ("auto", INTEGER, INDUCTOR)  # auto: time both families here and keep the faster
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class ExportConfig:
     cpu_isa: str = "native"  # "avx2": a portable bundle that runs on any AVX2 x86-64 CPU
     quantize: str | None = None  # "int8" or "int4": weight-only quantization of the text decoder
     group_size: int | None = None  # int4 columns per scale (default 32)
+    quant_kernels: str = "auto"  # the family computing quantized layers (runtime.format.quant)
+    recipe: str = "mixed"  # int4: which modules stay at int8, as llama.cpp's Q4_K_M chooses (exporter.quantize)
+    scale_search: str = "mse"  # int4: scales and mins fitted per group (exporter.scales), or each group's range
     accuracy: bool = True  # score a reduced-precision bundle against its float32 model
     gemv: str = "tune"  # "tune": time each weight shape's kernels here; "aten"/"reduce": one family, untimed
     sign_key: Path | None = None  # elliptic-curve private key (PEM): sign the bundle (runtime.format.signing)
@@ -121,6 +125,15 @@ class ExportConfig:
             )
         if self.group_size is not None and self.group_size not in GROUP_SIZES:
             raise ExportError(f"--group-size {self.group_size!r} is not supported; choose one of {GROUP_SIZES}")
+        for key, allowed in (("quant_kernels", QUANT_KERNELS), ("recipe", RECIPES), ("scale_search", SCALE_SEARCHES)):
+            value = getattr(self, key)
+            if value not in allowed:
+                raise ExportError(f"--{key.replace('_', '-')} {value!r} is not supported; choose one of {allowed}")
+        if self.quant_kernels == INTEGER and self.device != "cpu":
+            raise ExportError(
+                "--quant-kernels integer runs aotpack's CPU kernels; use --quant-kernels inductor for "
+                f"--device {self.device}"
+            )
 
     def _check_onnx(self) -> None:
         """The ONNX decode is float32 on the CPU: ONNX Runtime's CPU provider has no bfloat16 MatMul, and
@@ -134,11 +147,11 @@ class ExportConfig:
         if self.device != "cpu":
             raise ExportError(f"--onnx exports for ONNX Runtime's CPU provider; use --device cpu (got {self.device})")
 
-    @property
-    def quant_spec(self) -> QuantSpec | None:
+    def quant_spec(self, kernels: str) -> QuantSpec | None:
+        """The bundle's quantization with the kernel family `kernels` (decided at export when "auto")."""
         if self.quantize is None:
             return None
-        return QuantSpec(self.quantize, (self.group_size or 32) if self.quantize == INT4 else None)
+        return QuantSpec(self.quantize, (self.group_size or 32) if self.quantize == INT4 else None, kernels)
 
     @property
     def measures_accuracy(self) -> bool:

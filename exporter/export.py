@@ -8,6 +8,7 @@ export leaves the target exactly as it was.
 from __future__ import annotations
 
 import platform
+import shutil
 import tempfile
 import time
 from contextlib import nullcontext
@@ -19,6 +20,7 @@ import torch
 import transformers
 
 from exporter import attention as decode_attention
+from exporter import kernels, quant_family, quantize
 from exporter.accuracy import accuracy, reference
 from exporter.compat import package_metadata_and_constants
 from exporter.compile import compile_graph, export_decode, inductor_options, package_graphs
@@ -30,15 +32,16 @@ from exporter.model import cache_layout, decode_module, is_multimodal, load_mode
 from exporter.onnx_export import export_onnx
 from exporter.parity import check_parity
 from exporter.progress import Progress
-from exporter.quantize import quantize_model
+from exporter.quant_family import Family
 from exporter.source import checkpoint_dir
 from exporter.write import write_model
 from runtime.backends.aoti import CompiledDecode
 from runtime.backends.onnxruntime import OnnxRuntimeDecode
 from runtime.errors import ExportError
 from runtime.format.contract import INPUT_NAMES, DecodeContract, graph_name
-from runtime.format.files import DECODE, DECODE_ONNX, MANIFEST, sha256
-from runtime.format.manifest import AOTPACK_VERSION, FORMAT_VERSION, DecodeGraph, Manifest, Parity
+from runtime.format.files import DECODE, DECODE_ONNX, KERNELS, MANIFEST, sha256
+from runtime.format.manifest import AOTPACK_VERSION, FORMAT_VERSION, DecodeGraph, Manifest, Parity, Quantization
+from runtime.format.quant import INTEGER
 from runtime.format.signing import sign
 
 
@@ -64,32 +67,32 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
         model, attention = load_model(checkpoint, config.dtype, config.device)  # refuses unsupported classes first
         preprocessor = _load_preprocessor(checkpoint)
         tokenizer = getattr(preprocessor, "tokenizer", preprocessor)
-        ref = None
-        if config.measures_accuracy:  # the float32 model is scored, then dropped, before any conversion
-            progress.log("scoring the float32 model on the accuracy text")
-            ref = reference(load_model(checkpoint, "float32", config.device)[0], tokenizer)
-    quantization = quantize_model(model, config.quant_spec) if config.quant_spec else None
+        float32 = model if config.dtype == "float32" else None  # a float32 export scores its own model
+        if config.measures_accuracy and float32 is None:
+            float32 = load_model(checkpoint, "float32", config.device)[0]
+    if config.quantize:  # refuses what cannot be packed before anything is scored or compiled
+        quantize.plan(model, config.quant_spec(INTEGER), config.recipe, config.scale_search)
+    ref = None
+    if config.measures_accuracy:  # the float32 model is scored before any conversion
+        with stage("score", "scoring the float32 model on the accuracy text"):
+            ref = reference(float32, tokenizer)
+    del float32
+    quantization, family = _quantize(config, model, progress) if config.quantize else (None, None)
+    native = family.built if family else None
     layout = cache_layout(model, config.max_cache_len)
     step = decode_module(model, layout)
     contract = DecodeContract(layout, config.batch_size, config.max_cache_len, config.dtype, config.device)
-    quantized = quantization is not None
-    options = inductor_options(config.device, config.cpu_isa, contract, quantized=quantized)
+    options = inductor_options(config.device, config.cpu_isa, contract, None, quantization)
     kernel = _attention(model, config, attention, options, progress)
-    graphs, files = [], {}
-    with tempfile.TemporaryDirectory(prefix="aotpack-graphs-") as compiled:  # each graph's own files
-        for batch in config.buckets:  # in turn: each C++ compile already uses every core
-            into = Path(compiled) / f"batch{batch}"
-            graph, files[batch] = _compile_graph(
-                config, model, step, contract, kernel, batch, quantized, progress, into
-            )
-            graphs.append(graph)
-        package = package_graphs(files, staging / DECODE)
+    graphs, package = _compile_graphs(config, model, step, contract, kernel, quantization, native, progress, staging)
     with stage("write", "writing weights, tokenizer and configs"):
         aliases = write_model(model, preprocessor, staging)
         manifest = _draft_manifest(config, model, step, layout, package, aliases)
+        if native is not None:
+            shutil.copyfile(native.path, staging / KERNELS)
     manifest = replace(
         manifest, attn_implementation=attention, quantization=quantization, graphs=tuple(graphs),
-        decode_attention=kernel,
+        decode_attention=kernel, native=native and native.record,
     )  # fmt: skip
     if config.onnx:
         with stage("onnx", "exporting the decode step to ONNX (decode.onnx) for ONNX Runtime"):
@@ -99,11 +102,40 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     return _finish(config, staging, manifest, model, ref, start)
 
 
-def _compile_graph(config, model, step, contract, kernel, batch: int, quantized: bool, progress: Progress, into):
+def _compile_graphs(config, model, step, contract, kernel, quantization, native, progress, staging: Path):
+    """Every batch bucket's graph, compiled in turn (each C++ compile already uses every core) and packaged
+    into one decode.pt2; returns (the graphs' manifest entries, the package)."""
+    graphs, files = [], {}
+    record = native.record if native else None
+    with tempfile.TemporaryDirectory(prefix="aotpack-graphs-") as compiled:  # each graph's own files
+        for batch in config.buckets:
+            into = Path(compiled) / f"batch{batch}"
+            options = inductor_options(config.device, config.cpu_isa, contract, batch, quantization, record)
+            with kernels.linkable(native):
+                graph, files[batch] = _compile_graph(
+                    config, model, step, contract, kernel, batch, options, progress, into
+                )
+            graphs.append(graph)
+        return graphs, package_graphs(files, staging / DECODE)
+
+
+def _quantize(config: ExportConfig, model, progress: Progress) -> tuple[Quantization, Family]:
+    """The model's layers quantized in place, by the kernel family chosen for this machine."""
+    plan = quantize.plan(model, config.quant_spec(INTEGER), config.recipe, config.scale_search)
+    shapes = {p: tuple(model.get_submodule(p).weight.shape) for p in (*plan.linears, *filter(None, [plan.embedding]))}
+    with progress.stage("kernels", "choosing the quantized layers' kernels"):
+        family = quant_family.choose(config, plan, shapes, progress.log)
+    plan = quantize.plan(model, config.quant_spec(family.kernels), config.recipe, config.scale_search)
+    plan = replace(plan, kernel_rates=family.rates)
+    with progress.stage("quantize", f"quantizing: {plan.method} {plan.recipe}, {plan.kernels} kernels"):
+        quantize.quantize_model(model, plan)
+    return plan, family
+
+
+def _compile_graph(config, model, step, contract, kernel, batch: int, options: dict, progress: Progress, into):
     """The decode graph for exactly `batch` rows: traced, its GEMV kernels chosen for that batch, compiled
     (its files kept in the directory `into`). Returns (its manifest entry, parity still to check; the files)."""
     start, stage = time.perf_counter(), progress.stage
-    options = inductor_options(config.device, config.cpu_isa, contract, batch, quantized)
     message = f"exporting the batch-{batch} decode step of {type(model).__name__} ({len(contract.layout)} layers, "
     with stage("trace", message + f"cache {config.max_cache_len})"), decode_attention.installed(model, kernel):
         exported = export_decode(step, contract, batch)
@@ -118,10 +150,12 @@ def _parity(config, staging: Path, manifest: Manifest, model, tokenizer, package
     """Every graph against eager generate with as many rows as it steps; the ONNX decode at two rows.
     The manifest's `parity` is all of them together."""
     compiled = CompiledDecode(package, model, manifest)
+    integer = manifest.native is not None
     graphs = []
     for graph in manifest.graphs:
         name = f"compiled decode (batch {graph.batch})"
-        report = check_parity(model, {name: compiled}, contract, tokenizer, config.parity_steps, graph.batch)[name]
+        report = check_parity(model, {name: compiled}, contract, tokenizer, config.parity_steps, graph.batch, integer)
+        report = report[name]
         graphs.append(replace(graph, parity=report))
     reports = [g.parity for g in graphs]
     if config.onnx:

@@ -93,8 +93,9 @@ def converted(gguf_file: Path, log=None) -> Path:
     return dest
 
 
-def cached() -> list[tuple[Path, int]]:
-    """The dequantized checkpoints in the aotpack cache, with their sizes in bytes."""
-    root = cache_dir() / "gguf"
+def cached(folder: str = "gguf") -> list[tuple[Path, int]]:
+    """What the aotpack cache keeps in `folder` ("gguf": the dequantized checkpoints; "kernels": the
+    integer kernels built, exporter.kernels), each entry with its size in bytes."""
+    root = cache_dir() / folder
     entries = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     return [(p, sum(f.stat().st_size for f in p.rglob("*") if f.is_file())) for p in entries]

@@ -12,12 +12,14 @@ the bundle's own Inductor options and timed here, and the choice and every candi
 manifest. Every candidate computes the same function up to summation order (fp32 accumulation, output
 in the activation dtype), so the parity gate that follows covers whichever wins.
 
-Quantized weights are read by fused dequantize-and-reduce kernels over runtime.quant's packed words,
-each scheme's candidates defined in its own module (runtime.quant.int8: whole words split with shifts,
-or bytes, whichever the CPU's vector loads favour; runtime.quant.int4: one word at a time, broadcast to
-8 lanes and split with per-lane shifts). ATen's weight-only ops
+Quantized weights of the inductor family are read by fused dequantize-and-reduce kernels over
+runtime.quant's packed words, each scheme's candidates defined in its own module (runtime.quant.int8:
+whole words split with shifts, or bytes, whichever the CPU's vector loads favour; runtime.quant.int4:
+one word at a time, broadcast to 8 lanes and split with per-lane shifts). ATen's weight-only ops
 need layouts of their own (a second copy) and were slower on the 262144x640 shape here anyway
 (`_weight_int8pack_mm` 17.5 ms against 15.0, `_weight_int4pack_mm_for_cpu` 13.2 ms against 12.9).
+The integer family's op has one kernel, aotpack's own (runtime.quant.native): it stays in the graph,
+AOTInductor calls its C shim, and its rate is timed and recorded like the others ("dot").
 
 All lowerings put the weight rows outermost (output (rows, batch), transposed at the end), and reduce
 each activation row as its own sum over the same weight (runtime.quant.kernels.each_row): in a graph of
@@ -34,13 +36,15 @@ import torch
 from exporter.timing import median_seconds
 from runtime.compat import float_environment_kept
 from runtime.format.manifest import Lowering
-from runtime.format.quant import WORD_FIELDS, QuantSpec
+from runtime.format.quant import QuantSpec
 from runtime.quant import SCHEMES
 from runtime.quant.kernels import activations, each_row, rows_outer
 
 LINEAR = "linear"
+DOT = "dot"  # the integer family's one kernel: its op, left in the graph
 _ATEN = torch.ops.aten.linear.default
 _QUANTIZED = {scheme.op: scheme for scheme in SCHEMES.values()}  # each scheme's eager op -> the scheme
+_NAMED = {scheme.name: scheme for scheme in SCHEMES.values()}  # "int8", "int4-dot", ... -> the scheme
 
 
 def aten_linear(x, w, b=None):
@@ -54,15 +58,17 @@ def reduce_linear(x, w, b=None):
     return y + b if b is not None else y
 
 
-# Per op: its candidates by name. A float weight's are here; a quantized scheme's are its own module's.
+# Per op: its candidates by name. A float weight's are here; a quantized scheme's are its own module's,
+# and the integer family's op is its own one candidate.
 CANDIDATES = {LINEAR: {"aten": aten_linear, "reduce": reduce_linear}} | {
-    method: scheme.candidates for method, scheme in SCHEMES.items()
+    scheme.name: scheme.candidates or {DOT: scheme.op} for scheme in SCHEMES.values()
 }
 
 
 @dataclass(frozen=True)
 class WeightShape:
-    """One distinct (op, rows, cols) read by the decode step; `group_size` for int4."""
+    """One distinct (op, rows, cols) read by the decode step: `op` LINEAR or a scheme's name; `group_size`
+    for int4."""
 
     op: str
     rows: int
@@ -79,9 +85,8 @@ def weight_shapes(exported) -> list[WeightShape]:
             shape = WeightShape(LINEAR, rows, cols)
         elif node.target in _QUANTIZED:
             scheme = _QUANTIZED[node.target]
-            rows, count = node.args[1].meta["val"].shape
-            spec = scheme.spec_of(node.args)
-            shape = WeightShape(scheme.method, rows, count * WORD_FIELDS[scheme.method], spec.group_size)
+            first = node.args[1].meta["val"]
+            shape = WeightShape(scheme.name, first.shape[0], scheme.cols(first), scheme.spec_of(node.args).group_size)
         else:
             continue
         if shape not in shapes:
@@ -94,12 +99,13 @@ def _example(shape: WeightShape, rows: int, dtype: torch.dtype, device: str, bat
     x = torch.randn(batch, 1, shape.cols, device=device).to(dtype)
     if shape.op == LINEAR:
         return x, torch.randn(rows, shape.cols, device=device).to(dtype)
-    scheme, spec = SCHEMES[shape.op], QuantSpec(shape.op, shape.group_size)
-    count = shape.cols // WORD_FIELDS[shape.op]
-    words = torch.randint(-(2**31), 2**31 - 1, (rows, count), dtype=torch.int32, device=device).view(torch.float32)
-    scale_shape = scheme.scale_shape(spec, rows, shape.cols)
-    scales = [torch.rand(scale_shape, device=device).to(scheme.scale_dtype) for _ in scheme.tensors[1:]]
-    return x, words, *scales, *scheme.op_extras(spec)
+    scheme = _NAMED[shape.op]
+    spec = QuantSpec(scheme.method, shape.group_size, scheme.kernels)
+    first, *rest = scheme.shapes(spec, rows, shape.cols)
+    raw = torch.randint(0, 256, (*first[:-1], first[-1] * scheme.dtypes[0].itemsize), dtype=torch.uint8)
+    codes = raw.view(scheme.dtypes[0]).to(device)  # random bits in the first buffer's dtype
+    scales = [torch.rand(s, device=device).to(kind) for s, kind in zip(rest, scheme.dtypes[1:], strict=True)]
+    return x, codes, *scales, *scheme.op_extras(spec)
 
 
 def _weight_bytes(args: tuple) -> int:
@@ -120,8 +126,8 @@ def _timed_rows(shape: WeightShape, dtype) -> int:
 
 
 def fixed(shapes: list[WeightShape], dtype: torch.dtype, family: str) -> tuple[Lowering, ...]:
-    """One family for every float weight without timing (quantized weights take their first kernel):
-    for tests, and for portable bundles built on another machine than they will run on."""
+    """One family for every float weight without timing (quantized weights take their scheme's first
+    kernel): for tests, and for portable bundles built on another machine than they will run on."""
     dtype_name = str(dtype).removeprefix("torch.")
     return tuple(
         Lowering(s.op, s.rows, s.cols, dtype_name, family if s.op == LINEAR else next(iter(CANDIDATES[s.op])), {})
@@ -140,15 +146,22 @@ def tune(
         args = _example(shape, _timed_rows(shape, dtype), dtype, device, batch)
         rates = {}
         for name, fn in CANDIDATES[shape.op].items():
-            torch.compiler.reset()  # each candidate is a fresh compile, not a recompile of the last one
-            compiled = torch.compile(fn, dynamic=False, fullgraph=True, options=inductor_options)
-            with float_environment_kept():  # its .so is loaded on the first call
-                rates[name] = round(_weight_bytes(args) / median_seconds(compiled, *args, repeats=7) / 1e9, 2)
+            rates[name] = _rate(fn, args, inductor_options)
         chosen = max(rates, key=rates.get)
         timed = ", ".join(f"{k} {v} GB/s" for k, v in rates.items())
         log(f"GEMV {shape.op} {shape.rows}x{shape.cols} at batch {batch}: {timed}")
         lowerings.append(Lowering(shape.op, shape.rows, shape.cols, str(dtype).removeprefix("torch."), chosen, rates))
     return tuple(lowerings)
+
+
+def _rate(fn, args: tuple, inductor_options: dict) -> float:
+    """GB/s of weights read by a candidate as the graph will run it: an Inductor lowering compiled with
+    the graph's options, or the integer family's op, which is the very kernel the graph calls."""
+    if fn not in _QUANTIZED:
+        torch.compiler.reset()  # each candidate is a fresh compile, not a recompile of the last one
+        fn = torch.compile(fn, dynamic=False, fullgraph=True, options=inductor_options)
+    with float_environment_kept():  # a compiled candidate's .so is loaded on the first call
+        return round(_weight_bytes(args) / median_seconds(fn, *args, repeats=7) / 1e9, 2)
 
 
 def lower(exported, lowerings: tuple[Lowering, ...]):
@@ -158,11 +171,12 @@ def lower(exported, lowerings: tuple[Lowering, ...]):
     def linear(x, w, b=None):
         return chosen.get((LINEAR, *w.shape), aten_linear)(x, w, b)
 
-    def quantized(method: str):
-        def woq(x, words, *rest):
-            return chosen[(method, words.shape[0], words.shape[1] * WORD_FIELDS[method])](x, words, *rest)
+    def quantized(scheme):
+        def woq(x, first, *rest):
+            return chosen[(scheme.name, first.shape[0], scheme.cols(first))](x, first, *rest)
 
         return woq
 
-    table = {_ATEN: linear} | {scheme.op: quantized(scheme.method) for scheme in SCHEMES.values()}
+    # The integer family's ops are left out: they stay in the graph, and AOTInductor calls their C shims.
+    table = {_ATEN: linear} | {s.op: quantized(s) for s in SCHEMES.values() if s.candidates}
     return exported.run_decompositions(table)

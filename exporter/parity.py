@@ -21,6 +21,13 @@ from runtime.generation.validate import Validator
 
 # Allowed max |logit difference|, relative to the largest reference logit (at least 1).
 RELATIVE_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
+# With the integer kernels the activations are rounded to int8 at every linear layer, and rounding is not
+# continuous: a last-bit difference upstream (HF's attention against the engine's, eager against
+# Inductor's fused norms) moves a value across a rounding boundary now and then, one step of 1/127 of its
+# block's largest value. Such a flip is quantization noise, not a bug: on Gemma 3 270M int8 the bundle's
+# *eager* decode step differs from HF generate by 0.67 (of 24) after one, while a wrong kernel moves every
+# logit by the whole scale. Greedy tokens must still be identical.
+INTEGER_TOLERANCE = 5e-2
 
 
 def parity_prompt(tokenizer, batch: int, max_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,9 +44,12 @@ def parity_prompt(tokenizer, batch: int, max_len: int, device) -> tuple[torch.Te
 
 
 @torch.inference_mode()
-def check_parity(model, decodes: dict, contract: DecodeContract, tokenizer, steps: int, rows: int) -> dict[str, Parity]:
+def check_parity(
+    model, decodes: dict, contract: DecodeContract, tokenizer, steps: int, rows: int, integer: bool = False
+) -> dict[str, Parity]:
     """Each of `decodes` ({name in the error: decode}) against one eager generate of a left-padded batch
-    of `rows` rows, teacher-forced; returns each one's report, or raises for the first that fails."""
+    of `rows` rows, teacher-forced; returns each one's report, or raises for the first that fails.
+    `integer`: the model's linear layers quantize their activations (INTEGER_TOLERANCE)."""
     ids, mask = parity_prompt(tokenizer, rows, max(1, contract.max_cache_len // 2), contract.device)
     steps = min(steps, contract.max_cache_len - ids.shape[1])  # leave room to decode
     ref = model.generate(
@@ -57,17 +67,19 @@ def check_parity(model, decodes: dict, contract: DecodeContract, tokenizer, step
         ours = _teacher_forced(model, decode, contract, tokenizer, ids, mask, ref_tokens)
         if len(ours) != steps:
             raise ExportError(f"parity check failed: {what} stopped after {len(ours)} of {steps} forced steps")
-        reports[what] = _report(what, ours, ref.logits, steps, contract.dtype)
+        relative = max(RELATIVE_TOLERANCE[contract.dtype], INTEGER_TOLERANCE if integer else 0.0)
+        reports[what] = _report(what, ours, ref.logits, steps, relative, contract.dtype == "float32" or integer)
     return reports
 
 
-def _report(what: str, ours: list[torch.Tensor], ref_logits, steps: int, dtype: str) -> Parity:
+def _report(what: str, ours: list[torch.Tensor], ref_logits, steps: int, relative: float, tokens: bool) -> Parity:
+    """`tokens`: greedy tokens must match too (float32 activations, or the integer kernels)."""
     diff = max((o - r.float()).abs().max().item() for o, r in zip(ours, ref_logits, strict=True))
     scale = max(1.0, max(r.float().abs().max().item() for r in ref_logits))
-    tolerance = RELATIVE_TOLERANCE[dtype] * scale
+    tolerance = relative * scale
     match = all(torch.equal(o.argmax(-1), r.argmax(-1)) for o, r in zip(ours, ref_logits, strict=True))
     report = Parity(steps=steps, max_abs_logit_diff=diff, tolerance=tolerance, tokens_match=match)
-    if diff > tolerance or (dtype == "float32" and not match):
+    if diff > tolerance or (tokens and not match):
         raise ExportError(
             f"parity check failed: {what} differs from eager generate by {diff:.3g} "
             f"(tolerance {tolerance:.3g}), tokens match: {match}; no bundle was written"

@@ -15,6 +15,9 @@ from runtime.format.files import MANIFEST
 from runtime.format.manifest import _digest
 
 LOGIT_ATOL = 1e-4  # fp32
+# A bundle whose integer kernels quantize activations: a last-bit difference upstream can move a value
+# across a rounding boundary (exporter.parity.INTEGER_TOLERANCE), so logits agree to a share of their scale.
+INTEGER_RTOL = 5e-2
 
 
 def hf_generate(model, inputs: dict, new_tokens: int):
@@ -41,7 +44,8 @@ def aot_generate(rt, inputs: dict, new_tokens: int):
 
 
 def assert_parity(rt, model, inputs: dict, new_tokens: int, logit_steps: int | None = None):
-    """Greedy tokens identical, and raw logits within LOGIT_ATOL on the first `logit_steps` steps (all by default).
+    """Greedy tokens identical, and raw logits within LOGIT_ATOL on the first `logit_steps` steps (all by
+    default); within INTEGER_RTOL of the largest logit for a bundle with the integer kernels.
 
     Logits are compared where both sides have seen the same tokens, i.e. while tokens agree (all steps here)."""
     ref_ids, ref_logits = hf_generate(model, inputs, new_tokens)
@@ -51,7 +55,9 @@ def assert_parity(rt, model, inputs: dict, new_tokens: int, logit_steps: int | N
     assert mismatch.numel() == 0, f"tokens differ first at (row, position) {mismatch[0].tolist()}"
     steps = logit_steps or new_tokens
     diff = (logits[:, :steps] - ref_logits[:, :steps].float()).abs().max().item()
-    assert diff < LOGIT_ATOL, f"max |logit diff| {diff:.3g} over the first {steps} steps"
+    integer = rt.manifest is not None and rt.manifest.native is not None
+    tolerance = INTEGER_RTOL * max(1.0, ref_logits.float().abs().max().item()) if integer else LOGIT_ATOL
+    assert diff < tolerance, f"max |logit diff| {diff:.3g} over the first {steps} steps"
     return diff
 
 

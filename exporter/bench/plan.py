@@ -50,6 +50,7 @@ def bench_batch1(config: BenchConfig, log=print) -> dict:
         "builds": {},
         "read_rates": [],
         "accuracy": {},
+        "llama_cpp_perplexity": {},
     }
     with tempfile.TemporaryDirectory(prefix="aotpack-bench-") as tmp, checkpoint_dir(config.model) as checkpoint:
         from transformers import AutoConfig
@@ -80,6 +81,11 @@ def _bench_variant(config: BenchConfig, variant: str, checkpoint: Path, prompt, 
     if "llama_cpp" in systems:
         log(f"[{variant}] converting the checkpoint to GGUF for llama.cpp")
         paths["llama_cpp"] = gguf_for(checkpoint, variant, config.llama_cpp_converter, tmp / "gguf")
+    if "llama_cpp" in systems:
+        log(f"[{variant}] llama.cpp's perplexity on the accuracy text")
+        extra = ["--text", ",".join(map(str, accuracy_ids(checkpoint)))]
+        run = measure("llama_cpp", paths["llama_cpp"], variant, prompt, config, tmp / "perplexity", extra)
+        results["llama_cpp_perplexity"][variant] = run["perplexity"]
     for round_ in range(config.rounds):
         for system in systems:
             log(f"[{variant}] round {round_ + 1}/{config.rounds}: {system}")
@@ -89,6 +95,16 @@ def _bench_variant(config: BenchConfig, variant: str, checkpoint: Path, prompt, 
         # round's floor is measured next to the decode it is compared with.
         log(f"[{variant}] round {round_ + 1}/{config.rounds}: read bandwidth and torch's GEMV")
         results["read_rates"].append({"dtype": variant, "round": round_} | _read_rates(step, variant, config.threads))
+
+
+def accuracy_ids(checkpoint: Path) -> list[int]:
+    """The token ids a bundle's accuracy report scores (exporter.accuracy): what llama.cpp is scored on."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from exporter.accuracy import text_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    return text_ids(tokenizer, AutoConfig.from_pretrained(checkpoint, local_files_only=True))
 
 
 def _read_rates(step: dict, variant: str, threads: int) -> dict:

@@ -91,7 +91,7 @@ def _llama_request(llm, ids, new_tokens: int) -> Stamps:
     return stamps
 
 
-def _llama(path: str, args):
+def _llama(path: str, args, logits_all: bool = False):
     """llama.cpp at the bundle's n_ctx; `--no-extra-bufts`: on its plain CPU buffers (llama-cpp-python has
     no argument for llama_model_params.use_extra_bufts, so the default parameters are wrapped)."""
     import llama_cpp
@@ -107,8 +107,30 @@ def _llama(path: str, args):
 
         llama_cpp.llama.llama_cpp.llama_model_default_params = plain
     return llama_cpp.Llama(
-        model_path=path, n_ctx=args.n_ctx, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
+        model_path=path,
+        n_ctx=args.n_ctx,
+        n_batch=min(args.n_ctx, 512),
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        logits_all=logits_all,
+        verbose=False,
     )
+
+
+def _llama_perplexity(args) -> float:
+    """llama.cpp's perplexity of `args.text` (token ids: aotpack's accuracy text as the checkpoint's own
+    tokenizer reads it), each position scored from the logits of the one before, as exporter.accuracy
+    scores a bundle: the same tokens, so the figures compare."""
+    import numpy as np
+
+    ids = args.text
+    args.n_ctx = max(args.n_ctx, len(ids))
+    llm = _llama(args.path, args, logits_all=True)
+    llm.eval(ids)
+    logits = np.asarray(llm.scores[: len(ids) - 1], dtype=np.float64)  # (T - 1, vocab)
+    top = logits.max(1, keepdims=True)
+    log_probs = logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
+    return float(np.exp(-log_probs[np.arange(len(ids) - 1), ids[1:]].mean()))
 
 
 def _load(system: str, path: str, dtype: str, args=None):
@@ -138,6 +160,8 @@ def measure(args) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.text:
+        return {"system": args.system, "dtype": args.variant, "perplexity": _llama_perplexity(args)}
     model = _load(args.system, args.path, args.dtype, args)
     if args.contexts:
         return _per_context(args, model)
@@ -245,6 +269,9 @@ def main(argv=None) -> None:
     )
     p.add_argument(
         "--no-extra-bufts", action="store_true", help="llama_cpp: no AMX or repacked weight buffers (they can crash)"
+    )
+    p.add_argument(
+        "--text", type=lambda s: [int(t) for t in s.split(",")], default=None, help="llama_cpp: perplexity of these ids"
     )
     p.add_argument("--spawned-at", type=float, required=True, help="time.time() when the parent started this process")
     print(json.dumps(measure(p.parse_args(argv))), flush=True)

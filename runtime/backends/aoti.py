@@ -22,6 +22,7 @@ from torch import nn
 from runtime import compat
 from runtime.backends.base import Backend
 from runtime.backends.checks import check_step_inputs, lend_constants
+from runtime.cpu import check_cpu_isa
 from runtime.errors import BundleError, IncompatibleBundleError
 from runtime.format.contract import DecodeContract, graph_name
 from runtime.format.files import DECODE, read_verified
@@ -86,45 +87,6 @@ def _private_copy(package: Path, sha256: str | None):
         else:
             os.environ["TMPDIR"] = previous
         shutil.rmtree(private, ignore_errors=True)
-
-
-# AOTInductor's ISA names (AOTI_CPU_ISA, lower-cased) -> the CPU flags each needs, as Linux lists
-# them in /proc/cpuinfo. Reading the flags costs microseconds; Inductor's own probe compiles test
-# programs and imports torch._dynamo, about 6 s of start-up.
-ISA_FLAGS = {
-    "avx2": {"avx2", "fma"},
-    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
-    "avx512_vnni": {"avx512_vnni"},
-    "amx_tile": {"amx_tile", "amx_bf16", "amx_int8"},
-    "asimd": {"asimd"},
-    "neon": {"asimd"},
-}
-
-
-def cpu_flags() -> set[str] | None:
-    """This CPU's feature flags, or None where /proc/cpuinfo does not exist."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    lines = (line.split(":", 1) for line in text.splitlines() if line.startswith(("flags", "Features")))
-    return {flag for _, value in lines for flag in value.split()}
-
-
-def check_cpu_isa(required: str | None) -> None:
-    flags = cpu_flags()
-    for name in (required or "").lower().split():
-        if name not in ISA_FLAGS:
-            raise IncompatibleBundleError(
-                f"bundle needs CPU ISA {name!r}, which aotpack cannot check; re-export on this machine"
-            )
-        missing = ISA_FLAGS[name] - flags if flags is not None else set()
-        if missing:
-            raise IncompatibleBundleError(
-                f"bundle's decode was compiled for CPU ISA {required!r}, but this CPU lacks {name!r} "
-                f"(flags {sorted(missing)}); re-export on this machine, or export with `--cpu-isa avx2` "
-                "for a portable bundle"
-            )
 
 
 class AotiBackend(Backend):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from runtime.cpu import check_kernels_isa
 from runtime.errors import BundleError, IncompatibleBundleError
 
 
@@ -38,8 +39,11 @@ class Backend:
             raise BundleError(f"{bundle} has no {missing[0]}, which the {self.name} backend decodes with; re-export it")
 
     def check_compatible(self, manifest) -> None:
-        """This process can run the bundle's decode with this backend; IncompatibleBundleError otherwise."""
+        """This process can run the bundle's decode with this backend; IncompatibleBundleError otherwise.
+        Every backend runs the eager prefill, which calls the bundle's integer kernels where it has them."""
         check_device(manifest.device)
+        if manifest.native is not None:
+            check_kernels_isa(manifest.native.isa)
 
     def open(self, bundle: Path, model, manifest, config) -> Decode:
         raise NotImplementedError

@@ -11,6 +11,7 @@ from runtime.errors import IntegrityError
 MANIFEST = "manifest.json"
 DECODE = "decode.pt2"  # the AOTInductor package (runtime.backends.aoti)
 DECODE_ONNX = "decode.onnx"  # the portable decode (runtime.backends.onnxruntime), with `export --onnx`
+KERNELS = "kernels.so"  # aotpack's integer kernels (runtime.quant.native), in integer-quantized bundles
 WEIGHTS = "model.safetensors"
 SIGNATURE = "signature.sig"  # inside the bundle; covers every other file, the manifest included
 

@@ -12,9 +12,9 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from runtime.errors import ManifestError
-from runtime.format.files import DECODE, DECODE_ONNX, json_digest
+from runtime.format.files import DECODE, DECODE_ONNX, KERNELS, json_digest
 from runtime.format.layout import FULL, SLIDING, LayerLayout
-from runtime.format.quant import QuantSpec
+from runtime.format.quant import INT4, INT8, INTEGER, LAYOUTS, QuantSpec
 from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the manifest records it)
 
 # 2: weights stored under module paths (with aliases for tied tensors), quantization, the decode step's
@@ -27,8 +27,13 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # The decode attention kernel chosen at build time (`decode_attention`).
 # 6: decode.pt2 holds one graph per batch bucket (`graphs`, each with its own GEMV lowerings and parity),
 # where 5 held one graph for every batch, its kernels chosen at batch 1; it is re-exported.
-FORMAT_VERSION = 6
-SUPPORTED_VERSIONS = frozenset({6})
+# 7: quantized bundles name their kernel family (`quantization.kernels`: aotpack's integer kernels, carried
+# as `native`, or Inductor's), the recipe (int4 with some modules at int8) and how scales were chosen.
+# A format-6 manifest still reads: its quantization was Inductor's, uniform, with min/max scales.
+FORMAT_VERSION = 7
+SUPPORTED_VERSIONS = frozenset({6, 7})
+RECIPES = ("uniform", "sensitive", "mixed")
+SCALE_SEARCHES = ("minmax", "mse")
 _WHOLE_CACHE = "attends to the whole cache every step"
 _REEXPORT = {3: _WHOLE_CACHE, 4: _WHOLE_CACHE, 5: "runs batch-1 kernels at every batch"}
 
@@ -77,13 +82,37 @@ class OnnxDecode:
 
 @dataclass(frozen=True)
 class Quantization:
-    """Which modules hold weight-only quantized weights (runtime.quant), and how they are packed."""
+    """Which modules hold quantized weights (runtime.quant), how each is packed and which kernels read them."""
 
-    method: str  # "int8" or "int4"
+    method: str  # the bundle's method, "int8" or "int4"
     group_size: int | None  # int4 only
+    kernels: str  # "integer" or "inductor" (runtime.format.quant): the family every quantized layer uses
+    layout: str  # how the family stores its weights (runtime.format.quant.LAYOUTS), e.g. "tiles4"
     linears: tuple[str, ...]  # module paths of the quantized linear layers
     embedding: str | None  # module path of the quantized token embedding
     tied: str | None  # the linear (lm_head) that shares the embedding's packed tensors
+    recipe: str  # "uniform": every module at `method`; "sensitive", "mixed": an int4 bundle's `int8_paths` at int8
+    int8_paths: tuple[str, ...]  # modules (linears, the embedding) an int4 bundle's recipe holds at int8
+    scales: str  # how int4 scales and mins were chosen: "minmax" (the group's range) or "mse" (searched)
+    kernel_rates: dict[str, float]  # each family's weight read rate (GB/s) on the largest weight at export
+
+    def spec(self, path: str) -> QuantSpec:
+        """The packing of the module at `path` (a linear or the embedding)."""
+        if self.method == INT4 and path not in self.int8_paths:
+            return QuantSpec(INT4, self.group_size, self.kernels)
+        return QuantSpec(INT8, None, self.kernels)
+
+
+@dataclass(frozen=True)
+class NativeKernels:
+    """aotpack's own C++ kernels (the integer family), compiled at export for the target and carried in
+    the bundle; the decode graphs link against them by `soname` and the eager prefill calls them."""
+
+    file: str  # KERNELS
+    soname: str  # unique per source, flags and compiler: what decode.pt2's graphs name as a dependency
+    isa: str  # the instruction path compiled in: "avx512-vnni", "avx-vnni", "avx2" or "scalar"
+    abi: int  # the version of their C interface (runtime.quant.native checks it)
+    compiler: str  # the compiler and target they were built with, e.g. "g++ 12.2.0 -march=native"
 
 
 @dataclass(frozen=True)
@@ -160,6 +189,7 @@ class Manifest:
     built_at: str  # ISO 8601, UTC
     parity: Parity  # every graph's gate together
     onnx: OnnxDecode | None = None  # the portable decode, when exported with --onnx (format 4)
+    native: NativeKernels | None = None  # the integer kernels (format 7), for quantization.kernels "integer"
 
     @property
     def batches(self) -> tuple[int, ...]:
@@ -190,7 +220,7 @@ class Manifest:
             raise ManifestError(
                 "manifest.json does not match its digest: it was edited or corrupted; re-export the bundle"
             )
-        return _build(cls, raw)
+        return _build(cls, _upgraded(raw))
 
 
 def _strict_json(text: str | bytes):
@@ -227,6 +257,18 @@ def _digest(body: dict) -> str:
     return json_digest(body)
 
 
+def _upgraded(raw: dict) -> dict:
+    """A format-6 manifest as format 7 reads it: its quantized layers were weight-only, dequantized by
+    Inductor's kernels, every one at the bundle's method, int4 scales from each group's range."""
+    if raw.get("format_version") != 6:
+        return raw
+    q = raw.get("quantization")
+    if isinstance(q, dict):
+        q = q | {"kernels": "inductor", "layout": "words", "recipe": "uniform", "int8_paths": []}
+        q = q | {"scales": "minmax", "kernel_rates": {}}
+    return raw | {"quantization": q, "native": None}
+
+
 def _build(cls, raw: dict) -> Manifest:
     names = {f.name for f in fields(cls)}
     if set(raw) != names:
@@ -244,6 +286,7 @@ def _build(cls, raw: dict) -> Manifest:
         data["decode_attention"] = _optional(_decode_attention, raw["decode_attention"])
         data["accuracy"] = _optional(lambda x: _record(Accuracy, x), raw["accuracy"])
         data["onnx"] = _optional(_onnx, raw["onnx"])
+        data["native"] = _optional(lambda x: _record(NativeKernels, x), raw["native"])
         data["weight_aliases"] = _str_map(raw["weight_aliases"])
         data["files"] = _str_map(raw["files"])
         for key in ("cache_bytes", "decode_inputs"):
@@ -268,10 +311,11 @@ def _str_map(value) -> dict[str, str]:
 def _quantization(raw) -> Quantization:
     if not isinstance(raw, dict):
         raise TypeError(f"quantization must be a JSON object, got {type(raw).__name__}")
-    linears = _list(raw.get("linears"))
-    if not all(isinstance(path, str) for path in linears):
-        raise TypeError("quantization linears must list module paths")
-    return _record(Quantization, raw | {"linears": tuple(linears)})
+    paths = {key: _list(raw.get(key)) for key in ("linears", "int8_paths")}
+    if not all(isinstance(path, str) for listed in paths.values() for path in listed):
+        raise TypeError("quantization linears and int8_paths must list module paths")
+    _numbers(raw.get("kernel_rates"), "quantization kernel_rates")
+    return _record(Quantization, raw | {key: tuple(listed) for key, listed in paths.items()})
 
 
 def _lowering(raw) -> Lowering:
@@ -365,6 +409,7 @@ def _check_values(m: Manifest) -> None:
             raise ManifestError(f"manifest cache_bytes entry {nbytes!r} does not match its layer ({expected} bytes)")
     if m.quantization is not None:
         _check_quantization(m.quantization)
+    _check_native(m)
     if m.onnx is not None and (m.onnx.file != DECODE_ONNX or DECODE_ONNX not in m.files):
         raise ManifestError(f"manifest onnx entry names {m.onnx.file!r}, not a listed {DECODE_ONNX}; re-export it")
     a = m.decode_attention
@@ -390,13 +435,38 @@ def _check_graphs(m: Manifest) -> None:
 
 def _check_quantization(q: Quantization) -> None:
     try:
-        QuantSpec(q.method, q.group_size)
+        for path in (*q.linears, *((q.embedding,) if q.embedding else ())):
+            q.spec(path)
     except ValueError as e:
         raise ManifestError(f"manifest quantization is invalid: {e}") from None
     if q.tied is not None and (q.embedding is None or q.tied not in q.linears):
         raise ManifestError(
             "manifest quantization ties an lm_head that is not among its quantized linears and embedding"
         )
+    if q.layout != LAYOUTS[q.kernels]:
+        raise ManifestError(
+            f"manifest quantization layout {q.layout!r} is not the {LAYOUTS[q.kernels]!r} this runtime's "
+            f"{q.kernels} kernels read; re-export the bundle with this aotpack"
+        )
+    if q.recipe not in RECIPES or q.scales not in SCALE_SEARCHES:
+        raise ManifestError(f"manifest quantization recipe {q.recipe!r} or scales {q.scales!r} is not known")
+    quantized = set(q.linears) | ({q.embedding} if q.embedding else set())
+    if not set(q.int8_paths) <= quantized or (q.int8_paths and (q.method == INT8 or q.recipe == "uniform")):
+        raise ManifestError("manifest quantization int8_paths must be quantized modules of a mixed int4 bundle")
+    if q.tied is not None and (q.tied in q.int8_paths) != (q.embedding in q.int8_paths):
+        raise ManifestError("manifest quantization holds a tied lm_head and its embedding at different methods")
+
+
+def _check_native(m: Manifest) -> None:
+    """The integer family needs its kernels, listed as a bundle file; nothing else carries them."""
+    integer = m.quantization is not None and m.quantization.kernels == INTEGER
+    if integer != (m.native is not None):
+        raise ManifestError(
+            "manifest quantization kernels and native kernels disagree (integer kernels need `native`, "
+            "and only they); re-export the bundle"
+        )
+    if m.native is not None and (m.native.file != KERNELS or KERNELS not in m.files):
+        raise ManifestError(f"manifest native entry names {m.native.file!r}, not a listed {KERNELS}; re-export it")
 
 
 def _check_layer(layer: LayerLayout, nbytes, max_cache_len: int) -> None:

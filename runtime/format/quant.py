@@ -1,7 +1,17 @@
-"""Which weight-only quantizations a bundle may record, without the math (runtime.quant has that).
+"""Which quantizations a bundle may record, without the math (runtime.quant has that).
 
-Owns: the method names, the group sizes offered, how many integers a 32-bit word packs, and the spec
-a manifest's quantization entry must satisfy.
+Owns: the method names, the two kernel families and the layout each implies, the group sizes offered,
+and the spec a manifest's quantization entry must satisfy.
+
+Two families compute a quantized linear layer, and each stores its weights in the layout its kernels read:
+- `integer` (the default on CPUs): the activations are quantized too, per block of 32 columns to int8 with
+  one fp32 step each (llama.cpp's Q8_0), and multiplied with the weights in integers (AVX2 `maddubs`,
+  VNNI `dpbusd`) by aotpack's own C++ kernels, which the bundle carries (`kernels.so`). int8 weights are
+  bytes in column order; int4 weights are nibbles, each block of 32 columns in 16 bytes (column i in the
+  low nibble of byte i, column i + 16 in its high nibble).
+- `inductor`: weight-only. Each weight is dequantized to fp32 and multiplied with fp32 activations by
+  Inductor-generated reductions (and on CUDA). int8 words hold 4 bytes planar by quarters, int4 words 8
+  sequential nibbles (runtime.quant.int8, runtime.quant.int4).
 """
 
 from __future__ import annotations
@@ -11,16 +21,25 @@ from dataclasses import dataclass
 INT8 = "int8"
 INT4 = "int4"
 METHODS = (INT8, INT4)
+INTEGER = "integer"
+INDUCTOR = "inductor"
+KERNELS = (INTEGER, INDUCTOR)
 GROUP_SIZES = (32, 64, 128)
-WORD_FIELDS = {INT8: 4, INT4: 8}  # packed integers per 32-bit word
+ACTIVATION_BLOCK = 32  # the integer family's activation columns per int8 step
+WORD_FIELDS = {INT8: 4, INT4: 8}  # the inductor family: packed integers per 32-bit word
+# The layout each family's kernels read, recorded in the manifest: a layout this runtime does not read
+# is refused by name (a kernel that changes how it reads its weights changes its tag).
+LAYOUTS = {INTEGER: "tiles4", INDUCTOR: "words"}
 
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """How a bundle's linear layers and token embedding are quantized."""
+    """How one weight is quantized: its method, int4's group size, and the kernel family (and so the
+    layout) that reads it."""
 
     method: str  # INT8 or INT4
     group_size: int | None  # INT4: columns per (scale, min) pair; INT8: None, one scale per row
+    kernels: str  # INTEGER or INDUCTOR
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -29,7 +48,15 @@ class QuantSpec:
             raise ValueError("a group size goes with int4 only")
         if self.group_size is not None and self.group_size not in GROUP_SIZES:
             raise ValueError(f"int4 group size {self.group_size} is not one of {GROUP_SIZES}")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"quantization kernels {self.kernels!r} is not one of {KERNELS}")
 
     def accepts(self, cols: int) -> bool:
         """Whether a weight with `cols` input columns can be packed with this spec."""
-        return cols % (self.group_size or WORD_FIELDS[self.method]) == 0 and cols % WORD_FIELDS[self.method] == 0
+        if self.method == INT4:  # whole groups (a group is whole blocks of 32 and whole words)
+            return cols % self.group_size == 0
+        return self.kernels == INTEGER or cols % WORD_FIELDS[INT8] == 0
+
+    def __str__(self) -> str:
+        group = f"/{self.group_size}" if self.group_size else ""
+        return f"{self.method}{group} ({self.kernels})"

@@ -73,6 +73,8 @@ def _quantization_lines(m: Manifest) -> list[str]:
         group = f", groups of {q.group_size}" if q.group_size else ", one scale per row"
         embedding = f" + embedding {q.embedding}" + (" (tied to the lm_head)" if q.tied else "") if q.embedding else ""
         lines.append(f"quantized    {q.method}{group}: {len(q.linears)} linear layers{embedding}")
+        lines.append(f"  recipe     {_recipe(q)}")
+        lines.append(f"  kernels    {_kernels(m)}")
     a = m.accuracy
     if a is not None:
         change = 100 * (a.perplexity / a.reference_perplexity - 1)
@@ -82,6 +84,26 @@ def _quantization_lines(m: Manifest) -> list[str]:
             f"over {a.greedy_tokens} tokens"
         )
     return lines
+
+
+def _recipe(q) -> str:
+    if q.method != "int4":
+        return "every module at int8"
+    scales = "scales fitted per group (mse)" if q.scales == "mse" else "scales from each group's range"
+    if not q.int8_paths:
+        return f"{q.recipe}: every module at int4; {scales}"
+    kinds = Counter(path.rsplit(".", 1)[-1] for path in q.int8_paths)
+    held = ", ".join(f"{n}× {kind}" if n > 1 else kind for kind, n in sorted(kinds.items()))
+    return f"{q.recipe}: {len(q.int8_paths)} modules at int8 ({held}), the rest at int4; {scales}"
+
+
+def _kernels(m: Manifest) -> str:
+    q, n = m.quantization, m.native
+    rates = ", ".join(f"{k} {v:.1f} GB/s" for k, v in q.kernel_rates.items())
+    timed = f" (timed here: {rates})" if rates else " (chosen, not timed)"
+    if n is None:
+        return f"{q.kernels}: Inductor's dequantizing reductions, fp32 activations{timed}"
+    return f"{q.kernels}: aotpack's {n.isa} kernels ({n.file}, {n.compiler}), int8 activations per block of 32{timed}"
 
 
 def _attention_lines(m: Manifest) -> list[str]:

@@ -3,7 +3,8 @@
 Owns: the weight-file contract. `model.safetensors` maps each persistent parameter or buffer's module
 path to its tensor; a tensor shared by several paths (a tied `lm_head`) is stored once, under the path
 the manifest's `weight_aliases` points the others at. The model is built from its config with weight
-initialisation off, quantized layers are put in place as empty shells, and every stored tensor is then
+initialisation off, the bundle's integer kernels (if any) are loaded for the quantized layers' eager
+op, quantized layers are put in place as empty shells, and every stored tensor is then
 assigned (not copied) into the module tree. So no float copy of a quantized weight is ever made, and
 nothing is initialised only to be overwritten.
 """
@@ -21,8 +22,7 @@ from runtime import compat
 from runtime.errors import BundleError
 from runtime.format.files import WEIGHTS
 from runtime.format.manifest import Manifest, Quantization
-from runtime.format.quant import QuantSpec
-from runtime.quant import PackedWeight, QuantizedEmbedding, QuantizedLinear
+from runtime.quant import PackedWeight, QuantizedEmbedding, QuantizedLinear, native
 
 
 def model_class(name: str):
@@ -39,6 +39,8 @@ def build_model(bundle: Path, manifest: Manifest) -> nn.Module:
     config = transformers.AutoConfig.from_pretrained(bundle, local_files_only=True)
     dtype = getattr(torch, manifest.dtype)
     model = compat.empty_model(model_class(manifest.model_class), config, dtype, manifest.attn_implementation)
+    if manifest.native is not None:  # the integer kernels: the eager op and the decode graphs call them
+        native.load(bundle / manifest.native.file, manifest.native.isa)
     if manifest.quantization is not None:
         install_quantized(model, manifest.quantization, dtype)
     load_weights(model, load_file(str(bundle / WEIGHTS)), manifest.weight_aliases)
@@ -61,14 +63,13 @@ def load_weights(model: nn.Module, stored: dict[str, torch.Tensor], aliases: dic
 def install_quantized(model: nn.Module, q: Quantization, dtype: torch.dtype) -> None:
     """Replace the recorded linear layers and embedding with empty quantized shells of the same shape.
     A tied lm_head shares the embedding's PackedWeight module, so both read one set of tensors."""
-    spec = QuantSpec(q.method, q.group_size)
     shared = None
     if q.embedding is not None:
         old = model.get_submodule(q.embedding)
-        shared = PackedWeight(spec, old.num_embeddings, old.embedding_dim)
+        shared = PackedWeight(q.spec(q.embedding), old.num_embeddings, old.embedding_dim)
         model.set_submodule(q.embedding, QuantizedEmbedding(shared, dtype, getattr(old, "embed_scale", None)))
     for path in q.linears:
         old = model.get_submodule(path)
-        packed = shared if path == q.tied else PackedWeight(spec, old.out_features, old.in_features)
+        packed = shared if path == q.tied else PackedWeight(q.spec(path), old.out_features, old.in_features)
         bias = torch.empty_like(old.bias) if old.bias is not None else None
         model.set_submodule(path, QuantizedLinear(packed, bias))

@@ -1,4 +1,5 @@
-"""int4 weight-only quantization: asymmetric, a bf16 scale and min per group of 32, 64 or 128 columns.
+"""int4 weight-only quantization (the inductor family): asymmetric, a bf16 scale and min per group of 32,
+64 or 128 columns.
 
 Owns the whole scheme: packing a float weight (min/max rounding), unpacking, the eager op the prefill
 runs (`aotpack::woq_linear_int4`) and the decode lowering the exporter times. A weight's value is
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.format.quant import INT4, QuantSpec
+from runtime.format.quant import INDUCTOR, INT4, QuantSpec
 from runtime.quant.kernels import activations, as_int32, each_row, rows_outer
 from runtime.quant.scheme import Scheme, dequantized_linear, pack_words
 
@@ -20,8 +21,10 @@ _TINY = torch.finfo(torch.float32).tiny
 SCALE_DTYPE = torch.bfloat16  # scale and min per group: bf16 halves them
 
 
-def pack(spec: QuantSpec, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A float (rows, cols) weight -> (words (rows, cols/8), scales, mins (rows, groups) bf16)."""
+def grid(spec: QuantSpec, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A float (rows, cols) weight -> (integers (rows, cols) in 0..15, scales, mins (rows, groups) bf16),
+    each group's range mapped onto 0..15. Both int4 families share it (the exporter may search better
+    scales: exporter.scales)."""
     w = weight.detach().float().cpu()
     rows, cols = w.shape
     grouped = w.view(rows, cols // spec.group_size, spec.group_size)  # (rows, groups, gs)
@@ -29,8 +32,21 @@ def pack(spec: QuantSpec, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     # Round scale and min to their stored dtype first, so the integers fit what is actually stored.
     scales = ((high - low) / 15).clamp(min=_TINY).to(SCALE_DTYPE)
     mins = low.to(SCALE_DTYPE)
+    return integers(spec, w, scales, mins), scales, mins
+
+
+def integers(spec: QuantSpec, weight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """The nearest of the 16 levels `q * scale + min` of each group, for a float (rows, cols) weight."""
+    rows, cols = weight.shape
+    grouped = weight.float().view(rows, cols // spec.group_size, spec.group_size)
     q = torch.round((grouped - mins.float()[..., None]) / scales.float()[..., None]).clamp(0, 15)
-    return pack_words(q.view(rows, cols // 8, 8)), scales, mins  # nibble j of word c <- column 8c + j
+    return q.view(rows, cols)
+
+
+def arrange(q: torch.Tensor) -> torch.Tensor:
+    """integers (rows, cols) -> words (rows, cols/8): nibble j of word c holds column 8c + j."""
+    rows, cols = q.shape
+    return pack_words(q.view(rows, cols // 8, 8))
 
 
 def unpack(words: torch.Tensor) -> torch.Tensor:
@@ -41,8 +57,12 @@ def unpack(words: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(spec: QuantSpec, words, scales, mins) -> torch.Tensor:
-    q = unpack(words).float()  # (R, cols)
-    grouped = q.view(q.shape[0], -1, spec.group_size)  # (R, groups, group_size)
+    return values(spec, unpack(words), scales, mins)
+
+
+def values(spec: QuantSpec, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """integers (R, cols) -> the weight they stand for, fp32 (R, cols): q * scale + min per group."""
+    grouped = q.float().view(q.shape[0], -1, spec.group_size)  # (R, groups, group_size)
     return (grouped * scales.float()[..., None] + mins.float()[..., None]).view(q.shape)
 
 
@@ -50,7 +70,7 @@ def dequantize(spec: QuantSpec, words, scales, mins) -> torch.Tensor:
 def woq_linear_int4(
     x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int
 ) -> torch.Tensor:
-    return dequantized_linear(x, QuantSpec(INT4, group_size), dequantize, (words, scales, mins))
+    return dequantized_linear(x, QuantSpec(INT4, group_size, INDUCTOR), dequantize, (words, scales, mins))
 
 
 @woq_linear_int4.register_fake
@@ -70,9 +90,13 @@ def reduce_nibbles(x, words, scales, mins, group_size):
 
 SCHEME = Scheme(
     method=INT4,
+    kernels=INDUCTOR,
     tensors=("words", "scales", "mins"),
-    scale_dtype=SCALE_DTYPE,
-    pack=pack,
+    dtypes=(torch.float32, SCALE_DTYPE, SCALE_DTYPE),
+    fields=8,
+    grid=grid,
+    arrange=arrange,
+    arrange_scales=None,
     dequantize=dequantize,
     op=torch.ops.aotpack.woq_linear_int4.default,
     candidates={"reduce-nibbles": reduce_nibbles},

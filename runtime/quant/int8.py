@@ -1,4 +1,4 @@
-"""int8 weight-only quantization: symmetric, one fp32 scale per row.
+"""int8 weight-only quantization (the inductor family): symmetric, one fp32 scale per row.
 
 Owns the whole scheme: packing a float weight, unpacking, the eager op the prefill runs
 (`aotpack::woq_linear_int8`) and the decode lowerings the exporter times.
@@ -12,20 +12,25 @@ from __future__ import annotations
 
 import torch
 
-from runtime.format.quant import INT8, QuantSpec
+from runtime.format.quant import INDUCTOR, INT8, QuantSpec
 from runtime.quant.kernels import activations, as_int32, each_row, flat, realized, rows_outer
 from runtime.quant.scheme import Scheme, dequantized_linear, pack_words
 
 _TINY = torch.finfo(torch.float32).tiny  # keeps an all-zero row's scale finite
 
 
-def pack(spec: QuantSpec, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A float (rows, cols) weight -> (words (rows, cols/4), scales (rows,) fp32)."""
+def grid(spec: QuantSpec | None, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float (rows, cols) weight -> (integers (rows, cols) in -127..127, scales (rows,) fp32): the
+    row's largest magnitude maps to 127. Both int8 families share it."""
     w = weight.detach().float().cpu()
-    rows, cols = w.shape
     scales = w.abs().amax(1).clamp(min=_TINY) / 127  # (rows,)
-    q = torch.round(w / scales[:, None]).clamp(-127, 127)  # (rows, cols)
-    return pack_words(q.view(rows, 4, cols // 4).transpose(1, 2)), scales  # byte j of word c <- column j*cols/4 + c
+    return torch.round(w / scales[:, None]).clamp(-127, 127), scales
+
+
+def arrange(q: torch.Tensor) -> torch.Tensor:
+    """integers (rows, cols) -> words (rows, cols/4): byte j of word c holds column j*cols/4 + c."""
+    rows, cols = q.shape
+    return pack_words(q.view(rows, 4, cols // 4).transpose(1, 2))
 
 
 def unpack(words: torch.Tensor) -> torch.Tensor:
@@ -42,7 +47,7 @@ def dequantize(spec: QuantSpec, words, scales) -> torch.Tensor:
 
 @torch.library.custom_op("aotpack::woq_linear_int8", mutates_args=())
 def woq_linear_int8(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    return dequantized_linear(x, QuantSpec(INT8, None), dequantize, (words, scales))
+    return dequantized_linear(x, QuantSpec(INT8, None, INDUCTOR), dequantize, (words, scales))
 
 
 @woq_linear_int8.register_fake
@@ -91,9 +96,13 @@ def reduce_bytes(x, words, scales):
 
 SCHEME = Scheme(
     method=INT8,
+    kernels=INDUCTOR,
     tensors=("words", "scales"),
-    scale_dtype=torch.float32,
-    pack=pack,
+    dtypes=(torch.float32, torch.float32),
+    fields=4,
+    grid=grid,
+    arrange=arrange,
+    arrange_scales=None,
     dequantize=dequantize,
     op=torch.ops.aotpack.woq_linear_int8.default,
     candidates={"reduce-words": reduce_words, "reduce-bytes": reduce_bytes},

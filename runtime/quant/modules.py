@@ -10,47 +10,43 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.format.quant import WORD_FIELDS, QuantSpec
+from runtime.format.quant import QuantSpec
 from runtime.quant.registry import scheme
 
 
 class PackedWeight(nn.Module):
-    """One quantized (rows, cols) weight: its scheme's buffers, e.g. `words` (rows, cols / fields)
-    float32-typed bits, `scales` (rows,) or (rows, groups), and for int4 `mins` (rows, groups)."""
+    """One quantized (rows, cols) weight: its scheme's buffers, e.g. `codes` (rows, cols / fields) or the
+    inductor family's `words`, `scales` (rows,) or (rows, groups), and for int4 `mins` (rows, groups)."""
 
     def __init__(self, spec: QuantSpec, rows: int, cols: int, device=None):
         super().__init__()
         if not spec.accepts(cols):
             raise ValueError(f"a weight with {cols} columns cannot be packed as {spec}")
-        self.spec, self.scheme, self.rows, self.cols = spec, scheme(spec.method), rows, cols
-        shapes = {"words": (rows, cols // WORD_FIELDS[spec.method])}
-        for name in self.scheme.tensors[1:]:
-            shapes[name] = self.scheme.scale_shape(spec, rows, cols)
-        for name, shape in shapes.items():
-            dtype = torch.float32 if name == "words" else self.scheme.scale_dtype
+        self.spec, self.scheme, self.rows, self.cols = spec, scheme(spec), rows, cols
+        s = self.scheme
+        for name, dtype, shape in zip(s.tensors, s.dtypes, s.shapes(spec, rows, cols), strict=True):
             self.register_buffer(name, torch.empty(shape, dtype=dtype, device=device))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return tuple(getattr(self, name) for name in self.scheme.tensors)
 
-    def dequantize(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Rows start..stop as fp32 (stop - start, cols)."""
-        return self.scheme.dequantize(self.spec, *(t[start:stop] for t in self.tensors()))
+    def dequantize(self) -> torch.Tensor:
+        """The whole weight as fp32 (rows, cols)."""
+        return self.scheme.dequantize(self.spec, *self.tensors())
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (any shape) as fp32 (*ids.shape, cols): the embedding lookup."""
-        rows = self.scheme.dequantize(self.spec, *(t.index_select(0, ids.reshape(-1)) for t in self.tensors()))
-        return rows.view(*ids.shape, self.cols)
+        return self.scheme.gather(self.spec, self.tensors(), ids.reshape(-1)).view(*ids.shape, self.cols)
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., cols) -> (..., rows) through the scheme's eager op."""
         return self.scheme.op(x, *self.tensors(), *self.scheme.op_extras(self.spec))
 
     @classmethod
-    def of(cls, spec: QuantSpec, weight: torch.Tensor) -> PackedWeight:
-        """A float (rows, cols) weight, packed."""
+    def of(cls, spec: QuantSpec, weight: torch.Tensor, grid: tuple[torch.Tensor, ...] | None = None) -> PackedWeight:
+        """A float (rows, cols) weight, packed; `grid`: its integers and scales, if chosen elsewhere."""
         module = cls(spec, *weight.shape)
-        for buffer, value in zip(module.tensors(), module.scheme.pack(spec, weight), strict=True):
+        for buffer, value in zip(module.tensors(), module.scheme.pack(spec, weight, grid), strict=True):
             buffer.copy_(value)
         return module.to(weight.device)
 

@@ -1,9 +1,11 @@
-"""What every weight-only quantization scheme provides, and the pieces they share.
+"""What every quantization scheme provides, and the pieces they share.
 
-Owns `Scheme`: a scheme's packed tensors, its packing and unpacking, its eager op (what the prefill
-runs: `aotpack::woq_linear_<method>`), and the decode lowering candidates the exporter times and
-compiles in its place. Each scheme is one module (runtime.quant.int8, runtime.quant.int4), registered
-by name in runtime.quant.
+Owns `Scheme`: a scheme's packed tensors and their layout, its grid (integers and scales from a float
+weight) and dequantization, its eager op (what the prefill runs: `aotpack::woq_linear_<method>` for the
+inductor family, `aotpack::dot_linear_<method>` for the integer one), and for the inductor family the
+decode lowering candidates the exporter times and compiles in its place (the integer family's op stays
+in the graph and AOTInductor calls its C shim). Each scheme is one module (runtime.quant.int8, int4,
+int8_dot, int4_dot), registered by method and family in runtime.quant.registry.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.format.quant import QuantSpec
+from runtime.format.quant import INDUCTOR, QuantSpec
 
 _CHUNK_ELEMENTS = 1 << 20  # eager dequantization works through rows in blocks of about this many weights
 
@@ -21,23 +23,52 @@ _CHUNK_ELEMENTS = 1 << 20  # eager dequantization works through rows in blocks o
 @dataclass(frozen=True)
 class Scheme:
     method: str
+    kernels: str  # the family (runtime.format.quant): INTEGER or INDUCTOR
     tensors: tuple[str, ...]  # the packed weight's buffers, in the op's argument order
-    scale_dtype: torch.dtype
-    pack: Callable[..., tuple[torch.Tensor, ...]]  # (spec, float (rows, cols)) -> the tensors
-    dequantize: Callable[..., torch.Tensor]  # (spec, *tensors) -> fp32 (rows, cols)
+    dtypes: tuple[torch.dtype, ...]  # each buffer's dtype
+    fields: int  # integers held by one element of the first buffer (its columns are cols / fields)
+    grid: Callable[..., tuple[torch.Tensor, ...]]  # (spec, float (rows, cols)) -> (integers (rows, cols), *scales)
+    arrange: Callable[[torch.Tensor], torch.Tensor]  # integers (rows, cols) -> the first buffer, in its layout
+    arrange_scales: Callable[[torch.Tensor], torch.Tensor] | None  # scales (rows, ...) -> their layout (None: as is)
+    dequantize: Callable[..., torch.Tensor]  # (spec, *tensors, ids=None) -> fp32 (rows `ids`, default all; cols)
     op: Callable  # the eager op's overload: (x, *tensors, *op_extras(spec)) -> (..., rows)
-    candidates: dict[str, Callable]  # decode lowerings: the op's signature, the same function
+    candidates: dict[str, Callable]  # decode lowerings: the op's signature, the same function ({}: the op stays)
     grouped: bool = False  # scales (and mins) per group of columns, the group size an op argument
+    c_shim: str | None = None  # the C declaration AOTInductor calls for `op` (the integer family)
+    tiled: bool = False  # rows stored in tiles (runtime.quant.tiles): a row is read back through `dequantize`
+
+    @property
+    def name(self) -> str:
+        """How lowerings name this scheme's weights: "int8", "int4" (inductor) or "int8-dot", "int4-dot"."""
+        return self.method if self.kernels == INDUCTOR else f"{self.method}-dot"
+
+    def pack(self, spec: QuantSpec, weight: torch.Tensor, grid: tuple[torch.Tensor, ...] | None = None):
+        """A float (rows, cols) weight -> the buffers; `grid`: integers and scales chosen elsewhere (the
+        exporter's scale search), else this method's own."""
+        q, *scales = grid if grid is not None else self.grid(spec, weight)
+        arranged = [self.arrange_scales(t) for t in scales] if self.arrange_scales else scales
+        return (self.arrange(q), *arranged)
 
     def op_extras(self, spec: QuantSpec) -> tuple:
         return (spec.group_size,) if self.grouped else ()
 
     def spec_of(self, args: tuple) -> QuantSpec:
         """The spec of an op call's arguments, as a traced graph holds them."""
-        return QuantSpec(self.method, args[1 + len(self.tensors)] if self.grouped else None)
+        return QuantSpec(self.method, args[1 + len(self.tensors)] if self.grouped else None, self.kernels)
 
-    def scale_shape(self, spec: QuantSpec, rows: int, cols: int) -> tuple[int, ...]:
-        return (rows, cols // spec.group_size) if self.grouped else (rows,)
+    def shapes(self, spec: QuantSpec, rows: int, cols: int) -> tuple[tuple[int, ...], ...]:
+        scale = (rows, cols // spec.group_size) if self.grouped else (rows,)
+        return ((rows, cols // self.fields), *(scale for _ in self.tensors[1:]))
+
+    def gather(self, spec: QuantSpec, tensors: tuple[torch.Tensor, ...], ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (n,) as fp32 (n, cols): the embedding lookup, traceable into the decode graph."""
+        if self.tiled:
+            return self.dequantize(spec, *tensors, ids=ids)
+        return self.dequantize(spec, *(t.index_select(0, ids) for t in tensors))
+
+    def cols(self, first: torch.Tensor) -> int:
+        """The weight's input columns, from its first buffer."""
+        return first.shape[1] * self.fields
 
 
 def pack_words(q: torch.Tensor) -> torch.Tensor:

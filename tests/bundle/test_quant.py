@@ -1,26 +1,38 @@
-"""Weight-only int8/int4 bundles: parity against the eager quantized model, one copy of every quantized
-tensor, and the build-time GEMV choice (the packed format and kernels alone: tests/unit/test_quant_kernels.py;
-the float fused reduction, `--gemv reduce`, at every batch with left padding: tests/bundle/test_buckets.py)."""
+"""Quantized bundles: parity against the eager quantized model, one copy of every quantized tensor, the
+integer kernels carried and checked like the rest of the bundle, and the build-time GEMV choice (the
+packed formats and kernels alone: tests/unit/test_quant_kernels.py, tests/unit/test_integer_kernels.py; the
+float fused reduction, `--gemv reduce`, at every batch with left padding: tests/bundle/test_buckets.py)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
 from helpers import assert_parity, chat
 
 from exporter.lowering import CANDIDATES, LINEAR
+from runtime import load
 from runtime.backends.checks import lend_constants
-from runtime.quant import INT4, QuantizedLinear
+from runtime.errors import IncompatibleBundleError, IntegrityError
+from runtime.format.files import KERNELS, sha256
+from runtime.format.reader import read_manifest
+from runtime.quant import QuantizedLinear, native
 
-QUANTIZED = {  # preset -> export options: both methods, three families, a sliding window and images
-    "tiny-llama": ("--quantize", "int8"),
-    "tiny-gemma3": ("--quantize", "int4"),
-    # one graph for all 4 rows, where the float VLM bundle has two: an int4 graph compiles in about 2 min
-    "tiny-gemma3-vlm": ("--quantize", "int4", "--group-size", "64", "--batch-buckets", "4"),
-}
+QUANTIZED = {  # preset -> export options: both methods, both kernel families, three families, a window, images
+    "tiny-llama": ("--quantize", "int8", "--quant-kernels", "integer"),
+    # the tiny models' width (64) is not a multiple of 256: `mixed` would hold every layer at int8
+    "tiny-gemma3": ("--quantize", "int4", "--quant-kernels", "integer", "--recipe", "sensitive"),
+    # Inductor's kernels; one graph for all 4 rows, where the float VLM bundle has two: an int4 graph
+    # compiles in about 2 min
+    "tiny-gemma3-vlm": (
+        "--quantize", "int4", "--group-size", "64", "--batch-buckets", "4", "--quant-kernels", "inductor",
+        "--recipe", "uniform",
+    ),
+}  # fmt: skip
 CONVERSATION = [[{"role": "user", "content": "Why is the sky blue?"}]]
 
 
@@ -37,17 +49,20 @@ def test_quantized_bundle_matches_its_eager_model(name, runtime):
     rt = runtime(name, *QUANTIZED[name])
     q = rt.manifest.quantization
     assert q.method == QUANTIZED[name][1] and len(q.linears) > 0 and q.embedding is not None
+    assert q.kernels == QUANTIZED[name][QUANTIZED[name].index("--quant-kernels") + 1]
+    assert (rt.manifest.native is not None) == (q.kernels == "integer")
     assert all(isinstance(rt.model.get_submodule(path), QuantizedLinear) for path in q.linears)
     inputs = chat(rt, CONVERSATION)
     assert_parity(rt, rt.model, inputs, new_tokens=40)
 
 
 @pytest.mark.slow
-@_on("tiny-llama")
+@_on("tiny-gemma3-vlm")
 def test_loading_a_quantized_bundle_leaves_subnormals_alone(bundle):
-    """Its .so is built with unsafe-math flags, and GCC 12 links crtfastmath.o into it: loading it set
-    flush-to-zero in the loading thread (and every thread started after), for the whole process."""
-    path = bundle(*next((name, *options) for name, options in QUANTIZED.items()))
+    """An Inductor-kernel bundle's .so is built with unsafe-math flags, and GCC 12 links crtfastmath.o into
+    it: loading it set flush-to-zero in the loading thread (and every thread started after), for the whole
+    process."""
+    path = bundle("tiny-gemma3-vlm", *QUANTIZED["tiny-gemma3-vlm"])
     probe = "torch.tensor([1e-40]).mul(1.0).item()"
     script = (
         f"import torch, threading; from runtime import load; rt = load({str(path)!r}); seen = []; "
@@ -91,7 +106,7 @@ def test_quantized_weights_are_stored_once_and_lent_to_the_decode(runtime):
     lent = lend_constants(rt.model, rt.manifest.constants, rt.manifest.device)
     buffers = {b.data_ptr() for b in rt.model.buffers()}
     head = rt.model.get_submodule("lm_head").packed
-    assert head.words.data_ptr() in {t.data_ptr() for t in lent.values()}
+    assert head.codes.data_ptr() in {t.data_ptr() for t in lent.values()}
     assert all(t.data_ptr() in buffers or t.dtype.is_floating_point for t in lent.values())
     ids = torch.tensor([[5, 9, 30, 41, 7]])
     before = rt.generate(input_ids=ids, max_new_tokens=3, min_new_tokens=3)
@@ -112,7 +127,9 @@ def test_quantized_manifest_records_accuracy(runtime):
     assert a.text_tokens > 100 and a.greedy_tokens == 256 and 0 <= a.greedy_agreement <= 1
     assert a.perplexity > 0 and a.reference_perplexity > 0
     lowerings = [lw for graph in m.graphs for lw in graph.lowerings]
-    assert {lw.op for lw in lowerings} == {INT4} and all(lw.chosen == "reduce-nibbles" for lw in lowerings)
+    assert {lw.op for lw in lowerings} == {"int4-dot", "int8-dot"} and all(lw.chosen == "dot" for lw in lowerings)
+    q = m.quantization
+    assert q.recipe == "sensitive" and "lm_head" in q.int8_paths and q.scales == "mse"
 
 
 @pytest.mark.slow
@@ -131,3 +148,81 @@ def test_tuned_bundle_records_every_candidate_and_keeps_the_fastest(runtime, ref
     assert_parity(
         rt, reference("tiny-gemma3"), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, new_tokens=40
     )
+
+
+@pytest.mark.slow
+@_on("tiny-llama")
+def test_integer_bundle_carries_its_kernels_and_calls_them_without_the_proxy_executor(bundle):
+    """The kernels are a listed, hashed bundle file; every graph calls their C shim directly (through the
+    proxy executor a call cost 19 us, 2.5 ms a Gemma step) and names the library as a dependency."""
+    path = bundle("tiny-llama", *QUANTIZED["tiny-llama"])
+    m = read_manifest(path)
+    assert m.native.file == KERNELS and m.files[KERNELS] == sha256(path / KERNELS)
+    assert m.native.isa in native.ISA_FLAGS and m.native.soname.startswith("libaotpack-kernels-")
+    with zipfile.ZipFile(path / "decode.pt2") as package:
+        wrappers = [package.read(n).decode() for n in package.namelist() if n.endswith("wrapper.cpp")]
+    assert wrappers and all("aoti_torch_cpu_dot_linear_int8(" in text for text in wrappers)
+    assert not any("proxy_executor_call_function" in text for text in wrappers)
+
+
+@pytest.mark.slow
+@_on("tiny-llama")
+def test_a_cpu_without_the_kernels_instructions_is_refused_before_they_load(bundle, monkeypatch):
+    """The kernels would die with SIGILL; the manifest says what they need and load() checks it first."""
+    import runtime.cpu
+
+    # what the decode .so needs (AVX2, FMA), without the F16C and BMI2 of the kernels' x86-64-v3
+    monkeypatch.setattr(runtime.cpu, "cpu_flags", lambda: {"sse4_2", "avx", "avx2", "fma"})
+    path = bundle("tiny-llama", *QUANTIZED["tiny-llama"])
+    with pytest.raises(IncompatibleBundleError, match=r"compiled for 'avx2', which this CPU cannot run .*'f16c'"):
+        load(path)
+
+
+@pytest.mark.slow
+@_on("tiny-llama")
+def test_changed_kernels_are_refused(bundle, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle("tiny-llama", *QUANTIZED["tiny-llama"]), copy)
+    data = bytearray((copy / KERNELS).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / KERNELS).write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="kernels.so"):
+        load(copy)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("quant-family")
+def test_auto_times_both_kernel_families_and_keeps_the_faster(tmp_path):
+    """`--quant-kernels auto`: each family is timed on the largest weight, as its graph would run it, at
+    batch 1 and at the bundle's largest batch; the rates go in the manifest, the faster total wins."""
+    from exporter import quant_family, quantize
+    from exporter.config import ExportConfig
+    from exporter.model import load_model
+    from exporter.source import checkpoint_dir
+
+    config = ExportConfig(model="tiny-llama", out=tmp_path / "b", quantize="int8", batch_size=2)
+    with checkpoint_dir(config.model) as checkpoint:
+        model, _ = load_model(checkpoint, "float32", "cpu")
+    plan = quantize.plan(model, config.quant_spec("integer"), config.recipe, config.scale_search)
+    shapes = {path: tuple(model.get_submodule(path).weight.shape) for path in plan.linears}
+    family = quant_family.choose(config, plan, shapes, log=lambda _: None)
+    assert set(family.rates) == {"integer@1", "inductor@1", "integer@2", "inductor@2"}
+    assert all(rate > 0 for rate in family.rates.values())
+    seconds = {f: sum(1 / v for k, v in family.rates.items() if k.startswith(f)) for f in ("integer", "inductor")}
+    assert family.kernels == min(seconds, key=seconds.get)
+    assert (family.built is not None) == (family.kernels == "integer")
+
+
+@pytest.mark.slow
+@_on("tiny-gemma3")
+def test_inspect_shows_the_recipe_and_the_kernels(bundle, capsys):
+    from exporter.cli import main as aotpack
+
+    path = bundle("tiny-gemma3", *QUANTIZED["tiny-gemma3"])
+    assert aotpack(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    m = read_manifest(path)
+    assert f"recipe     sensitive: {len(m.quantization.int8_paths)} modules at int8 (" in out
+    assert "the rest at int4; scales fitted per group (mse)" in out
+    assert f"kernels    integer: aotpack's {m.native.isa} kernels (kernels.so, " in out
+    assert "int8 activations per block of 32" in out

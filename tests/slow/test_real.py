@@ -22,11 +22,11 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 MAX_CACHE_LEN = 1280
 NEW_TOKENS = 200
-# Perplexity relative to the float32 model's. int8 holds the quantization issue's target (1 %). int4
-# (group 32) does not hold its 5 % on this checkpoint: measured +23 %, because the published "Q4_K_M"
-# file keeps most of Gemma 3 270M at 5 to 8 bits (Q5_0, Q6_K, Q8_0; see the README), which a 4-bit
-# re-quantization cannot reproduce. Its bound here is a regression guard around that measurement.
-PERPLEXITY_WITHIN = {"int8": 0.01, "int4": 0.30}
+# Perplexity relative to the float32 model's, the integer-dot-product issue's targets: int8 within 1 %;
+# int4 (the default `mixed` recipe) no higher than llama.cpp's Q4_K_M re-quantized from the same float32
+# GGUF with llama-quantize, on the same text and token ids: +0.68 % (19.778 against 19.644; llama.cpp's
+# float32 gave 19.645, HF's 19.643), measured with llama-cpp-python 0.3.36 on this text (README).
+PERPLEXITY_WITHIN = {"int8": 0.01, "int4": 0.0068}
 
 
 @functools.cache

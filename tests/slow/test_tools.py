@@ -140,7 +140,10 @@ def test_bench_verdicts_use_the_unrounded_figure():
     assert verdict("decode_speedup_vs_compile", "bfloat16", 1.2) == "met"
     assert verdict("rss_vs_float32", "int8", 0.35) == "met"
     assert verdict("rss_vs_float32", "float32", 1.0) == ""  # no RSS target for float32
-    assert verdict("perplexity_change_pct", "int4", 23.4) == "**not met**"
+    assert verdict("perplexity_change_pct", "int8", 1.01) == "**not met**"
+    assert verdict("perplexity_vs_llama_cpp_pct", "int4", 0.01) == "**not met**"  # int4: against Q4_K_M's
+    assert verdict("perplexity_vs_llama_cpp_pct", "int4", 0.0) == "met"
+    assert verdict("speedup_vs_int8", "int4", 1.0) == "**not met**"  # faster, not as fast
     assert verdict("tokens_equal_eager", "float32", False) == "**not met**"
     assert verdict("pct_of_gemv_floor", "float32", 50.0) == ""  # a reference, not a target
 

@@ -29,6 +29,7 @@ TORCH_FREE = [  # modules that must import (and run) without torch or transforme
     "runtime",
     "runtime.errors",
     "runtime.config",
+    "runtime.cpu",
     "runtime.backends",
     "runtime.cli",
     "runtime.engine.scheduler",

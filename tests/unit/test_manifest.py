@@ -20,6 +20,7 @@ from runtime.format.manifest import (
     DecodeGraph,
     Lowering,
     Manifest,
+    NativeKernels,
     OnnxDecode,
     Parity,
     Quantization,
@@ -43,12 +44,25 @@ layers = st.builds(
 
 names = st.text(min_size=1, max_size=10)
 quantizations = st.none() | st.builds(
-    lambda method, linears, embedding: Quantization(
-        method, 32 if method == "int4" else None, tuple(linears), embedding, linears[-1] if embedding else None
+    lambda method, kernels, linears, embedding, mixed, rates: Quantization(
+        method,
+        32 if method == "int4" else None,
+        kernels,
+        {"integer": "tiles4", "inductor": "words"}[kernels],
+        tuple(linears),
+        embedding,
+        linears[-1] if embedding else None,
+        "mixed" if mixed and method == "int4" else "uniform",
+        (linears[-1], *([embedding] if embedding else [])) if mixed and method == "int4" else (),
+        "mse" if method == "int4" else "minmax",
+        rates,
     ),
     st.sampled_from(["int8", "int4"]),
-    st.lists(names, min_size=1, max_size=3),
+    st.sampled_from(["integer", "inductor"]),
+    st.lists(names, min_size=1, max_size=3, unique=True),
     st.none() | names,
+    st.booleans(),
+    st.dictionaries(names, st.floats(0, 100), max_size=2),
 )
 lowerings = st.builds(
     lambda op, rows, cols, rates: Lowering(op, rows, cols, "float32", next(iter(rates), "aten"), rates),
@@ -88,6 +102,10 @@ def manifests(draw):
     dtype = draw(st.sampled_from(["float32", "bfloat16", "float16"]))
     batch = draw(st.integers(1, 64))
     onnx = draw(onnx_decodes)
+    quantization = draw(quantizations)
+    native = None
+    if quantization is not None and quantization.kernels == "integer":
+        native = NativeKernels("kernels.so", "libaotpack-kernels-0123456789abcdef.so", "avx2", 1, "g++ 12.2.0")
     return Manifest(
         format_version=FORMAT_VERSION,
         aotpack_version="0.2.0",
@@ -108,7 +126,7 @@ def manifests(draw):
         decode_inputs=("input_ids", "position_ids", "cache_position", "pad_mask"),
         constants=tuple(draw(st.lists(constants, max_size=4))),
         weight_aliases=draw(st.dictionaries(names, names, max_size=2)),
-        quantization=draw(quantizations),
+        quantization=quantization,
         graphs=tuple(
             DecodeGraph(b, tuple(draw(st.lists(lowerings, max_size=3))), draw(parities), draw(st.floats(0, 1e4)))
             for b in sorted({*draw(st.lists(st.integers(1, batch), max_size=3)), batch})
@@ -117,11 +135,13 @@ def manifests(draw):
         accuracy=draw(accuracies),
         files={"decode.pt2": "ab" * 32}
         | ({"decode.onnx": "cd" * 32} if onnx else {})
+        | ({"kernels.so": "ef" * 32} if native else {})
         | draw(st.dictionaries(st.text(min_size=1, max_size=10), st.text(max_size=64), max_size=4)),
         build_seconds=draw(st.floats(0, 1e6)),
         built_at="2026-11-29T00:00:00+00:00",
         parity=draw(parities),
         onnx=onnx,
+        native=native,
     )
 
 
@@ -271,4 +291,63 @@ def test_cache_bytes_must_match_the_layout(manifest, nbytes):
         return
     raw["cache_bytes"][0] = nbytes
     with pytest.raises(ManifestError, match="does not match its layer"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_format_6_reads_as_weight_only_inductor_quantization(manifest):
+    """Format 6 had one kernel family (Inductor's, weight-only), one method per bundle and range scales;
+    its manifests read on, without the fields format 7 added."""
+    raw = json.loads(manifest.to_json()) | {"format_version": 6}
+    if raw["native"] is not None:
+        return  # format 6 had no integer kernels
+    raw.pop("native")
+    q = raw["quantization"]
+    if q is not None:
+        for key in ("kernels", "layout", "recipe", "int8_paths", "scales", "kernel_rates"):
+            q.pop(key)
+    read = Manifest.from_json(_with_digest(raw))
+    assert read.native is None
+    if read.quantization is not None:
+        assert (read.quantization.kernels, read.quantization.recipe, read.quantization.scales) == (
+            "inductor", "uniform", "minmax",
+        )  # fmt: skip
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_integer_kernels_and_their_library_go_together(manifest):
+    raw = json.loads(manifest.to_json())
+    if raw["native"] is not None:
+        raw["files"].pop("kernels.so")
+        message = "not a listed kernels.so"
+    elif raw["quantization"] is not None:
+        raw["quantization"] |= {"kernels": "integer", "layout": "tiles4"}
+        message = "integer kernels need `native`"
+    else:
+        return
+    with pytest.raises(ManifestError, match=message):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_int8_paths_belong_to_a_mixed_int4_bundle(manifest):
+    raw = json.loads(manifest.to_json())
+    if raw["quantization"] is None:
+        return
+    raw["quantization"]["int8_paths"] = ["not.a.quantized.module"]
+    with pytest.raises(ManifestError, match="int8_paths must be quantized modules of a mixed int4 bundle"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=20)
+def test_a_layout_the_kernels_do_not_read_is_refused(manifest):
+    raw = json.loads(manifest.to_json())
+    if raw["quantization"] is None:
+        return
+    raw["quantization"]["layout"] = "tiles8"
+    with pytest.raises(ManifestError, match="layout 'tiles8' is not the .* re-export"):
         Manifest.from_json(_with_digest(raw))

@@ -1,21 +1,40 @@
-"""Weight-only int8/int4, with no bundle: each scheme's packed format (runtime.quant.int8, int4), its
-decode kernels against its eager op, and the export options that refuse a bad quantization."""
+"""int8/int4, with no bundle: each scheme's packed format (runtime.quant.int8, int4, int8_dot, int4_dot),
+the inductor family's decode kernels against their eager op, the recipes and the scale search, and the
+export options that refuse a bad quantization (the integer kernels themselves: test_integer_kernels.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from exporter import scales
 from exporter.config import ExportConfig
 from exporter.lowering import CANDIDATES, LINEAR
+from exporter.quantize import int8_paths, more_bits
 from runtime.errors import ExportError
-from runtime.quant import INT4, INT8, PackedWeight, QuantizedLinear, QuantSpec, dequantize, scheme
+from runtime.quant import (
+    INDUCTOR,
+    INT4,
+    INT8,
+    INTEGER,
+    PackedWeight,
+    QuantizedLinear,
+    QuantSpec,
+    dequantize,
+    int4,
+    scheme,
+)
 
-SPECS = [QuantSpec(INT8, None), QuantSpec(INT4, 32), QuantSpec(INT4, 64)]
+SPECS = [
+    QuantSpec(method, group, kernels)
+    for method, group in ((INT8, None), (INT4, 32), (INT4, 64))
+    for kernels in (INDUCTOR, INTEGER)
+]
+INDUCTOR_SPECS = [spec for spec in SPECS if spec.kernels == INDUCTOR]
 
 
 def pack(spec: QuantSpec, weight: torch.Tensor):
-    return scheme(spec.method).pack(spec, weight)
+    return scheme(spec).pack(spec, weight)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
@@ -35,6 +54,8 @@ def test_packing_round_trips_values_on_the_grid(spec):
         weight = (q * scale + low).view(rows, cols)
     restored = dequantize(spec, *pack(spec, weight))
     torch.testing.assert_close(restored, weight, rtol=1e-6, atol=1e-6)
+    ids = torch.tensor([5, 0, 3])  # the embedding lookup reads the same values, whatever the layout
+    torch.testing.assert_close(scheme(spec).gather(spec, pack(spec, weight), ids), weight[ids], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
@@ -45,11 +66,12 @@ def test_packing_error_is_within_half_a_step(spec):
     if spec.method == INT8:
         step = tensors[1][:, None]  # one scale per row
     else:
-        step = tensors[1].float().repeat_interleave(spec.group_size, dim=1)
+        scales = scheme(spec).grid(spec, weight)[1]  # as chosen, before any layout of the integer family's
+        step = scales.float().repeat_interleave(spec.group_size, dim=1)
     assert (error <= step / 2 + 1e-2 * step).all()  # half a step, plus the bf16 rounding of int4's min
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("spec", INDUCTOR_SPECS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_decode_kernel_computes_the_eager_op(spec, dtype):
     """The Inductor lowerings, evaluated eagerly, equal the eager op on a batch of 3 (fp32 summation order)."""
@@ -58,7 +80,7 @@ def test_every_decode_kernel_computes_the_eager_op(spec, dtype):
     x = torch.randn(3, 1, 128, generator=g).to(dtype)
     expected = linear(x)
     args = linear.packed.tensors() + ((spec.group_size,) if spec.method == INT4 else ())
-    for name, kernel in CANDIDATES[spec.method].items():
+    for name, kernel in CANDIDATES[scheme(spec).name].items():
         got = kernel(x, *args)
         assert got.shape == expected.shape and got.dtype == dtype, name
         torch.testing.assert_close(
@@ -80,6 +102,10 @@ def test_float_decode_kernels_compute_linear():
         ({"quantize": "int8", "group_size": 32}, "--group-size applies to --quantize int4 only"),
         ({"quantize": "int4", "group_size": 48}, "--group-size 48"),
         ({"gemv": "fastest"}, "--gemv 'fastest'"),
+        ({"quantize": "int8", "quant_kernels": "fast"}, "--quant-kernels 'fast'"),
+        ({"quantize": "int4", "recipe": "q4_k_m"}, "--recipe 'q4_k_m'"),
+        ({"quantize": "int4", "scale_search": "hqq"}, "--scale-search 'hqq'"),
+        ({"quantize": "int8", "quant_kernels": "integer", "device": "cuda"}, "use --quant-kernels inductor"),
     ],
 )
 def test_bad_quantization_options_are_refused_before_loading(options, message, tmp_path):
@@ -90,7 +116,49 @@ def test_bad_quantization_options_are_refused_before_loading(options, message, t
 def test_group_size_that_does_not_divide_the_layer_is_refused(tmp_path):
     from exporter.export import export
 
-    config = ExportConfig(model="tiny-llama", out=tmp_path / "b", quantize="int4", group_size=128, gemv="aten")
+    config = ExportConfig(
+        model="tiny-llama", out=tmp_path / "b", quantize="int4", group_size=128, gemv="aten", recipe="uniform"
+    )
     with pytest.raises(ExportError, match="cannot pack"):  # tiny-llama's layers have 64 input columns
         export(config, log=lambda _: None)
     assert not (tmp_path / "b").exists()
+
+
+def test_use_more_bits_picks_llama_cpps_layers():
+    """llama.cpp's `use_more_bits` for 18 layers (Gemma 3 270M): the first two, the last three, every third between."""
+    assert [i for i in range(18) if more_bits(i, 18)] == [0, 1, 4, 7, 10, 13, 15, 16, 17]
+
+
+def test_recipes_hold_what_llama_cpp_gives_more_bits_at_int8():
+    linears = {
+        f"model.layers.{i}.{kind}": torch.nn.Linear(width, 8)
+        for i in range(8)
+        for kind, width in (("self_attn.q_proj", 640), ("self_attn.v_proj", 640), ("mlp.down_proj", 2048))
+    } | {"lm_head": torch.nn.Linear(640, 8)}
+    picked = {i for i in range(8) if more_bits(i, 8)}  # 0, 3, 6, 7
+    sensitive = set(int8_paths("sensitive", linears, "model.embed_tokens", "lm_head", 8))
+    expected = {f"model.layers.{i}.{k}" for i in picked for k in ("self_attn.v_proj", "mlp.down_proj")}
+    assert sensitive == expected | {"lm_head", "model.embed_tokens"}
+    mixed = set(int8_paths("mixed", linears, "model.embed_tokens", "lm_head", 8))  # + every 640-wide weight
+    assert mixed == sensitive | {p for p, m in linears.items() if m.in_features % 256}
+    assert int8_paths("uniform", linears, "model.embed_tokens", "lm_head", 8) == ()
+
+
+def test_scale_search_recovers_a_grid_and_never_fits_worse_than_the_range():
+    g = torch.Generator().manual_seed(8)
+    spec = QuantSpec(INT4, 32, INTEGER)
+    q = torch.randint(0, 16, (64, 4, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15  # each group spans the whole grid
+    scale = (torch.rand(64, 4, 1, generator=g) + 0.1).bfloat16().float()
+    low = torch.randn(64, 4, 1, generator=g).bfloat16().float()
+    on_grid = (q * scale + low).view(64, 128)
+    q_found, s_found, m_found = scales.search(spec, on_grid)
+    torch.testing.assert_close(
+        int4.values(spec, q_found, s_found, m_found), on_grid, rtol=0, atol=1e-2 * scale.max().item()
+    )
+    weight = torch.randn(64, 128, generator=g) * torch.rand(64, 1, generator=g)
+    weight[:, 5] *= 8  # an outlier per row
+    err = {}
+    for name, (q2, s2, m2) in (("mse", scales.search(spec, weight)), ("range", int4.grid(spec, weight))):
+        err[name] = (int4.values(spec, q2, s2, m2) - weight).pow(2).sum().item()
+    assert err["mse"] < err["range"]

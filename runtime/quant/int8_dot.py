@@ -1,0 +1,63 @@
+"""int8 with integer dot products (the integer family): the weights as runtime.quant.int8 chooses them
+(symmetric, one fp32 scale per row), multiplied with activations quantized per block of 32.
+
+Owns the scheme's layout, its eager op (`aotpack::dot_linear_int8`, which the prefill runs through the
+bundle's kernels.so, runtime.quant.native) and the C shim that the compiled decode calls for the same op:
+prefill and decode run one kernel, so they agree bit for bit.
+
+Layout: `codes` (rows, cols) int8, rows in tiles of four (runtime.quant.tiles): within a tile each block
+of 32 columns holds the four rows' bytes one after another, so the kernel streams a tile in one run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.format.quant import INT8, INTEGER
+from runtime.quant import int8, native, tiles
+from runtime.quant.scheme import Scheme
+
+
+def arrange(q: torch.Tensor) -> torch.Tensor:
+    """integers (rows, cols) in -127..127 -> codes (rows, cols), tiled."""
+    return tiles.interleave(q.to(torch.int8), 32)
+
+
+def rows(codes: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The integers of weight rows `ids` (n,) as int8 (n, cols), in column order."""
+    cols = codes.shape[1]
+    return tiles.gather(codes, ids, tiles.interleaved_positions(cols, 32), torch.arange(cols))
+
+
+def dequantize(spec, codes: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows `ids` (default: all) as fp32 (n, cols)."""
+    ids = torch.arange(codes.shape[0]) if ids is None else ids
+    return rows(codes, ids).float() * scales.float()[ids][:, None]
+
+
+@torch.library.custom_op("aotpack::dot_linear_int8", mutates_args=())
+def dot_linear_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return native.linear_int8(x, codes, scales)
+
+
+@dot_linear_int8.register_fake
+def _(x, codes, scales):
+    return x.new_empty(*x.shape[:-1], codes.shape[0])
+
+
+SCHEME = Scheme(
+    method=INT8,
+    kernels=INTEGER,
+    tensors=("codes", "scales"),
+    dtypes=(torch.int8, torch.float32),
+    fields=1,
+    grid=int8.grid,
+    arrange=arrange,
+    arrange_scales=None,
+    dequantize=dequantize,
+    op=torch.ops.aotpack.dot_linear_int8.default,
+    candidates={},
+    tiled=True,
+    c_shim="AOTITorchError aoti_torch_cpu_dot_linear_int8(AtenTensorHandle x, AtenTensorHandle codes, "
+    "AtenTensorHandle scales, AtenTensorHandle* ret0)",
+)

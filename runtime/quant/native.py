@@ -1,0 +1,142 @@
+"""aotpack's integer kernels in this process: the C interface of the bundle's `kernels.so`.
+
+Owns: loading the library a bundle carries (after checking that this CPU has the instructions it was
+compiled for: a missing one would kill the process with SIGILL), checking its interface version, and the
+eager calls the prefill makes through it (ctypes, which releases the GIL). The decode graphs call the
+same functions through their C shims (`aoti_torch_cpu_dot_linear_int8`, `..._int4`), linked by the
+library's soname, so it is loaded here before any graph.
+
+The library is compiled by the exporter (exporter.kernels) from exporter/csrc; the runtime never
+compiles anything. Every library loaded in a process serves the eager op: all compute the same integer
+dot products and differ at most in the order of their float sums (wider vectors on other CPUs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from runtime.cpu import KERNEL_ISA_FLAGS, check_kernels_isa
+from runtime.errors import BundleError, IncompatibleBundleError
+
+ABI = 1  # exporter/csrc/quant_common.h's ABI: the signatures below
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+ISA_FLAGS = KERNEL_ISA_FLAGS  # each instruction path's CPU flags (runtime.cpu)
+
+_P, _I, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+_SIGNATURES = {
+    "aotpack_kernels_abi": ([], _I32),
+    "aotpack_kernels_isa": ([], ctypes.c_char_p),
+    "aotpack_linear_int8": ([_P, _I32, _I, _I, _P, _P, _I, _P], _I32),
+    "aotpack_linear_int4": ([_P, _I32, _I, _I, _P, _P, _P, _I, _I, _P], _I32),
+    "aotpack_quantize_activations": ([_P, _I32, _I, _I, _P, _P, _P], _I32),
+}
+
+
+class Library:
+    """One loaded kernels.so. `isa`: what the manifest says it was compiled for, checked against this CPU
+    before loading; None for a library built on this host (the exporter's), which reports its own."""
+
+    def __init__(self, path: Path, isa: str | None = None):
+        if isa is not None:
+            check_kernels_isa(isa)
+        try:
+            self._lib = ctypes.CDLL(str(path))  # RTLD_LOCAL: each graph reaches its own by soname
+        except OSError as e:
+            raise BundleError(f"{path.name} could not be loaded ({e}); re-export the bundle") from None
+        for name, (args, result) in _SIGNATURES.items():
+            function = getattr(self._lib, name)
+            function.argtypes, function.restype = args, result
+        abi, built = self._lib.aotpack_kernels_abi(), self._lib.aotpack_kernels_isa().decode()
+        if abi != ABI or built != (isa or built):
+            raise IncompatibleBundleError(
+                f"{path.name} has interface {abi} for {built!r}; this runtime calls interface {ABI} and the "
+                f"manifest says {isa!r}; re-export the bundle with this aotpack"
+            )
+        self.isa = built
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+
+_loaded: list[Library] = []
+
+
+def load(path: Path, isa: str) -> Library:
+    """Load a bundle's kernels.so (before the graphs that link against it); it serves the eager op if
+    none serves it yet."""
+    return register(Library(path, isa))
+
+
+def register(library: Library) -> Library:
+    _loaded.append(library)
+    return library
+
+
+def library() -> Library:
+    if not _loaded:
+        raise BundleError(
+            "aotpack's integer kernels are not loaded in this process: load() a bundle that carries them "
+            "(kernels.so), or build them with exporter.kernels.build() before using an integer-quantized model"
+        )
+    return _loaded[0]
+
+
+def _operands(x: torch.Tensor, tensors) -> tuple[torch.Tensor, int, int, int]:
+    """x (..., K) as a contiguous (M, K) matrix, with its dtype code."""
+    if x.dtype not in DTYPE_CODES or x.device.type != "cpu" or any(t.device.type != "cpu" for t in tensors):
+        raise ValueError(
+            f"aotpack's integer kernels take CPU float32/bfloat16/float16 activations, got {x.dtype} on {x.device}"
+        )
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    return x2, DTYPE_CODES[x.dtype], x2.shape[0], x2.shape[1]
+
+
+def _checked(status: int, what: str) -> None:
+    if status != 0:
+        raise ValueError(f"aotpack's {what} kernel refused its operands (status {status})")
+
+
+def linear_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lib: Library | None = None):
+    """x (..., K) @ (codes (N, K) int8 * scales (N,)).T, activations quantized per block of 32; through
+    `lib` (default: the process's first loaded library)."""
+    x2, code, m, k = _operands(x, (codes, scales))
+    y = torch.empty(m, codes.shape[0], dtype=x.dtype)
+    status = (lib or library()).aotpack_linear_int8(
+        x2.data_ptr(),
+        code,
+        m,
+        k,
+        codes.contiguous().data_ptr(),
+        scales.contiguous().data_ptr(),
+        codes.shape[0],
+        y.data_ptr(),
+    )
+    _checked(status, "int8")
+    return y.view(*x.shape[:-1], codes.shape[0])
+
+
+def linear_int4(x, codes, scales, mins, group_size: int, lib: Library | None = None) -> torch.Tensor:
+    """x (..., K) @ (nibbles * scale + min per group).T, activations quantized per block of 32."""
+    x2, code, m, k = _operands(x, (codes, scales, mins))
+    y = torch.empty(m, codes.shape[0], dtype=x.dtype)
+    tensors = [t.contiguous() for t in (codes, scales, mins)]
+    status = (lib or library()).aotpack_linear_int4(
+        x2.data_ptr(), code, m, k, *(t.data_ptr() for t in tensors), group_size, codes.shape[0], y.data_ptr()
+    )
+    _checked(status, "int4")
+    return y.view(*x.shape[:-1], codes.shape[0])
+
+
+def quantize_activations(x: torch.Tensor, lib: Library | None = None):
+    """x (M, K) -> (q (M, blocks*32) int8, steps (M, blocks) fp32, block sums (M, blocks) int32): the
+    activation format the kernels multiply, for tests and references."""
+    x2, code, m, k = _operands(x, ())
+    blocks = -(-k // 32)
+    q = torch.empty(m, blocks * 32, dtype=torch.int8)
+    d, s = torch.empty(m, blocks), torch.empty(m, blocks, dtype=torch.int32)
+    quantize = (lib or library()).aotpack_quantize_activations
+    _checked(quantize(x2.data_ptr(), code, m, k, q.data_ptr(), d.data_ptr(), s.data_ptr()), "activation")
+    return q, d, s

@@ -1,0 +1,153 @@
+"""aotpack's integer kernels (exporter/csrc, runtime.quant.native) against a reference in fp64, on every
+instruction path this machine can run (each built on purpose; the others are skipped by name), over odd
+shapes: K not a multiple of the 32-column block, N = 1, N not a multiple of the 4-row tile, a batch longer
+than the kernels' 64-row chunk. Also the tile layouts' round trips and the activation format itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exporter import kernels
+from runtime.cpu import cpu_flags
+from runtime.quant import INT4, INTEGER, QuantSpec, int4_dot, int8_dot, native, scheme, tiles
+
+PATHS = ("scalar", "avx2", "avx-vnni", "avx512-vnni")
+SHAPES = [(1, 640, 7), (3, 33, 1), (5, 100, 9), (8, 96, 64), (70, 64, 13), (2, 31, 4)]  # (M, K, N)
+GROUPED = [(1, 640, 7, 32), (5, 128, 9, 64), (70, 256, 6, 128), (2, 64, 1, 32)]  # (M, K, N, group)
+
+
+@pytest.fixture(scope="module", params=PATHS)
+def lib(request):
+    """The kernels compiled for one instruction path, loaded without serving the eager op."""
+    missing = native.ISA_FLAGS[request.param] - (cpu_flags() or set())
+    if missing:
+        pytest.skip(f"the {request.param} path needs CPU flags {sorted(missing)}, which this machine lacks")
+    built = kernels.build(isa_override=request.param, log=lambda _: None, serve=False)
+    assert built.library.isa == request.param
+    return built.library
+
+
+def _activations_reference(x: torch.Tensor):
+    """The activation format by its definition: per block of 32, step amax / 127, values round(x * 127 /
+    amax) to nearest even, zero past K."""
+    m, k = x.shape
+    blocks = -(-k // 32)
+    padded = torch.zeros(m, blocks * 32)
+    padded[:, :k] = x.float()
+    grouped = padded.view(m, blocks, 32)
+    amax = grouped.abs().amax(-1)
+    inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    q = torch.round((grouped * inverse[..., None]).clamp(-127, 127)).to(torch.int8)
+    return q.view(m, -1), amax / 127, q.int().sum(-1)
+
+
+def _int8_reference(x, q_w, scales, lib):
+    q, d, _ = native.quantize_activations(x, lib)
+    m, k = x.shape
+    w = torch.zeros(q_w.shape[0], q.shape[1], dtype=torch.float64)
+    w[:, :k] = q_w.double()
+    products = torch.einsum("mbi,nbi->mnb", q.double().view(m, -1, 32), w.view(len(w), -1, 32))
+    return (products * d.double()[:, None]).sum(-1) * scales.double()
+
+
+def _int4_reference(x, q_w, scales, mins, group, lib):
+    q, d, s = native.quantize_activations(x, lib)
+    m, k = x.shape
+    products = torch.einsum("mbi,nbi->mnb", q.double().view(m, -1, 32), q_w.double().view(len(q_w), -1, 32))
+    sc, mn = (t.double().repeat_interleave(group // 32, 1) for t in (scales, mins))
+    return (products * d.double()[:, None] * sc).sum(-1) + ((d * s).double()[:, None] * mn).sum(-1)
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    scale = expected.abs().max().item()
+    tolerance = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 1e-3}[dtype]
+    assert got.dtype == dtype
+    assert (got.double() - expected).abs().max().item() <= tolerance * scale + 1e-30
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_activations_are_quantized_as_defined(lib, dtype):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(6, 100, generator=g) * torch.logspace(-3, 3, 6)[:, None]).to(dtype)
+    x[2, 40:50] = 0  # a block that is mostly zero, and one row's last block partly
+    q, d, s = native.quantize_activations(x, lib)
+    rq, rd, rs = _activations_reference(x)
+    assert torch.equal(q, rq) and torch.equal(s, rs)
+    torch.testing.assert_close(d, rd, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES)
+def test_int8_kernel_matches_fp64(lib, m, k, n, dtype):
+    g = torch.Generator().manual_seed(m * k + n)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    q_w = torch.randint(-127, 128, (n, k), generator=g).to(torch.int8)
+    scales = torch.rand(n, generator=g) + 0.01
+    got = native.linear_int8(x, int8_dot.arrange(q_w), scales, lib)
+    _close(got, _int8_reference(x, q_w, scales, lib), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("m", "k", "n", "group"), GROUPED)
+def test_int4_kernel_matches_fp64(lib, m, k, n, group, dtype):
+    g = torch.Generator().manual_seed(m * k + n + group)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    q_w = torch.randint(0, 16, (n, k), generator=g)
+    scales = (torch.rand(n, k // group, generator=g) + 0.01).bfloat16()
+    mins = torch.randn(n, k // group, generator=g).bfloat16()
+    got = native.linear_int4(x, int4_dot.arrange(q_w), tiles.tile_rows(scales), tiles.tile_rows(mins), group, lib)
+    _close(got, _int4_reference(x, q_w, scales, mins, group, lib), dtype)
+
+
+def test_a_row_computes_the_same_bits_in_any_batch(lib):
+    """Prefill (many rows) and decode (one) run one kernel: a row's output cannot depend on its batch."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(67, 96, generator=g)
+    codes, scales = int8_dot.arrange(torch.randint(-127, 128, (10, 96), generator=g).to(torch.int8)), torch.rand(10)
+    q4 = int4_dot.arrange(torch.randint(0, 16, (10, 96), generator=g))
+    s4, m4 = tiles.tile_rows(torch.rand(10, 3).bfloat16()), tiles.tile_rows(torch.randn(10, 3).bfloat16())
+    batch8, batch4 = native.linear_int8(x, codes, scales, lib), native.linear_int4(x, q4, s4, m4, 32, lib)
+    for i in (0, 33, 66):
+        assert torch.equal(native.linear_int8(x[i : i + 1], codes, scales, lib), batch8[i : i + 1])
+        assert torch.equal(native.linear_int4(x[i : i + 1], q4, s4, m4, 32, lib), batch4[i : i + 1])
+
+
+def test_nan_or_inf_in_a_row_poisons_that_row_only(lib):
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 64, generator=g)
+    x[0, 5], x[1, 40] = float("nan"), float("inf")
+    codes, scales = int8_dot.arrange(torch.randint(-127, 128, (5, 64), generator=g).to(torch.int8)), torch.rand(5)
+    y = native.linear_int8(x, codes, scales, lib)
+    assert y[:2].isnan().all() and y[2].isfinite().all()
+
+
+@pytest.mark.parametrize(("n", "k"), [(9, 64), (8, 33), (3, 32), (13, 100), (1, 5), (4, 96)])
+def test_tiled_layouts_read_back_every_row(n, k):
+    """Rows come back from the tiled layouts (whole tiles and lone rows), as the embedding lookup reads them."""
+    g = torch.Generator().manual_seed(n * k)
+    ids = torch.randint(0, n, (17,), generator=g)
+    q8 = torch.randint(-127, 128, (n, k), generator=g).to(torch.int8)
+    assert torch.equal(int8_dot.rows(int8_dot.arrange(q8), ids), q8[ids])
+    if k % 32 == 0:
+        q4 = torch.randint(0, 16, (n, k), generator=g)
+        assert torch.equal(int4_dot.rows(int4_dot.arrange(q4), ids).long(), q4[ids])
+
+
+def test_int4_tile_layout_pairs_rows_in_the_nibbles_of_one_byte():
+    q = torch.arange(4 * 32).view(4, 32) % 16  # rows 0..3 of one block
+    codes = int4_dot.arrange(q)
+    assert codes.view(-1)[:32].tolist() == (q[0] | (q[1] << 4)).tolist()
+    assert codes.view(-1)[32:64].tolist() == (q[2] | (q[3] << 4)).tolist()
+
+
+def test_an_integer_quantized_weight_dequantizes_to_its_grid():
+    """What the eager embedding lookup and the accuracy report read: the stored integers times the scales."""
+    weight = torch.randn(9, 64, generator=torch.Generator().manual_seed(7))
+    spec = QuantSpec(INT4, 32, INTEGER)
+    packed = scheme(spec).pack(spec, weight)
+    q, scales, mins = scheme(spec).grid(spec, weight)
+    expected = (q.view(9, 2, 32) * scales.float()[..., None] + mins.float()[..., None]).view(9, 64)
+    torch.testing.assert_close(scheme(spec).dequantize(spec, *packed), expected)
+    ids = torch.tensor([8, 0, 4])
+    torch.testing.assert_close(scheme(spec).gather(spec, packed, ids), expected[ids])
