@@ -26,7 +26,9 @@ RELATIVE_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 # Inductor's fused norms) moves a value across a rounding boundary now and then, one step of 1/127 of its
 # block's largest value. Such a flip is quantization noise, not a bug: on Gemma 3 270M int8 the bundle's
 # *eager* decode step differs from HF generate by 0.67 (of 24) after one, while a wrong kernel moves every
-# logit by the whole scale. Greedy tokens must still be identical.
+# logit by the whole scale. Where the reference's two best tokens are closer than that noise, the greedy
+# choice may differ (a left-padded batch of two on Gemma 3 270M did, 0.65 apart): the logits are the gate,
+# and `tokens_match` reports what happened.
 INTEGER_TOLERANCE = 5e-2
 
 
@@ -68,12 +70,12 @@ def check_parity(
         if len(ours) != steps:
             raise ExportError(f"parity check failed: {what} stopped after {len(ours)} of {steps} forced steps")
         relative = max(RELATIVE_TOLERANCE[contract.dtype], INTEGER_TOLERANCE if integer else 0.0)
-        reports[what] = _report(what, ours, ref.logits, steps, relative, contract.dtype == "float32" or integer)
+        reports[what] = _report(what, ours, ref.logits, steps, relative, contract.dtype == "float32" and not integer)
     return reports
 
 
 def _report(what: str, ours: list[torch.Tensor], ref_logits, steps: int, relative: float, tokens: bool) -> Parity:
-    """`tokens`: greedy tokens must match too (float32 activations, or the integer kernels)."""
+    """`tokens`: greedy tokens must match too (float32, unless the integer kernels round activations)."""
     diff = max((o - r.float()).abs().max().item() for o, r in zip(ours, ref_logits, strict=True))
     scale = max(1.0, max(r.float().abs().max().item() for r in ref_logits))
     tolerance = relative * scale

@@ -113,7 +113,7 @@ def test_real_checkpoint_quantized_accuracy(method, real_bundle):
     """The quantized Gemma 3 270M bundle: parity with its own eager model at export, and perplexity on
     the fixed English text within the issue's bound of the float32 model's."""
     m = load(real_bundle("gemma3-270m", "--quantize", method)).manifest
-    assert m.parity.tokens_match
+    assert m.parity.max_abs_logit_diff <= m.parity.tolerance  # greedy near-ties may flip (exporter.parity)
     a = m.accuracy
     change = a.perplexity / a.reference_perplexity - 1
     assert change <= PERPLEXITY_WITHIN[method], f"perplexity {a.perplexity:.3f} vs {a.reference_perplexity:.3f}"
