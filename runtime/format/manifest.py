@@ -30,8 +30,10 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # 7: quantized bundles name their kernel family (`quantization.kernels`: aotpack's integer kernels, carried
 # as `native`, or Inductor's), the recipe (int4 with some modules at int8) and how scales were chosen.
 # A format-6 manifest still reads: its quantization was Inductor's, uniform, with min/max scales.
-FORMAT_VERSION = 7
-SUPPORTED_VERSIONS = frozenset({6, 7})
+# 8: each GEMV lowering records its candidates' timing spread and whether the timing was judged noise
+# (`spread`, `noisy`); a format-6 or -7 manifest still reads, its timings taken as they were.
+FORMAT_VERSION = 8
+SUPPORTED_VERSIONS = frozenset({6, 7, 8})
 RECIPES = ("uniform", "sensitive", "mixed")
 SCALE_SEARCHES = ("minmax", "mse")
 _WHOLE_CACHE = "attends to the whole cache every step"
@@ -124,7 +126,9 @@ class Lowering:
     cols: int
     dtype: str  # activation dtype
     chosen: str  # a key of gb_per_s when the candidates were timed
-    gb_per_s: dict[str, float]  # each candidate's weight read rate at its graph's batch here; {} untimed
+    gb_per_s: dict[str, float]  # each candidate's weight read rate at its graph's batch here (its fastest call)
+    spread: dict[str, float]  # each candidate's median call over its fastest, less 1; both {} untimed
+    noisy: str | None  # why the timing was not trusted and the known-good candidate kept instead; None
 
 
 @dataclass(frozen=True)
@@ -258,15 +262,39 @@ def _digest(body: dict) -> str:
 
 
 def _upgraded(raw: dict) -> dict:
-    """A format-6 manifest as format 7 reads it: its quantized layers were weight-only, dequantized by
-    Inductor's kernels, every one at the bundle's method, int4 scales from each group's range."""
-    if raw.get("format_version") != 6:
-        return raw
+    """An older manifest as this format reads it, one format at a time (its format_version stays what the
+    file says)."""
+    version = raw.get("format_version")
+    if version == 6:
+        raw = _from_6(raw)
+    if version in (6, 7):
+        raw = _from_7(raw)
+    return raw
+
+
+def _from_6(raw: dict) -> dict:
+    """Format 6's quantized layers were weight-only, dequantized by Inductor's kernels, every one at the
+    bundle's method, int4 scales from each group's range."""
     q = raw.get("quantization")
     if isinstance(q, dict):
         q = q | {"kernels": "inductor", "layout": "words", "recipe": "uniform", "int8_paths": []}
         q = q | {"scales": "minmax", "kernel_rates": {}}
     return raw | {"quantization": q, "native": None}
+
+
+def _from_7(raw: dict) -> dict:
+    """Format 7 timed each candidate by its median and recorded no spread: its choices stand as made."""
+    graphs = raw.get("graphs")
+    if isinstance(graphs, list):
+        graphs = [_lowerings_from_7(g) for g in graphs]
+    return raw | {"graphs": graphs}
+
+
+def _lowerings_from_7(graph):
+    if not isinstance(graph, dict) or not isinstance(graph.get("lowerings"), list):
+        return graph
+    lowerings = [lw | {"spread": {}, "noisy": None} if isinstance(lw, dict) else lw for lw in graph["lowerings"]]
+    return graph | {"lowerings": lowerings}
 
 
 def _build(cls, raw: dict) -> Manifest:
@@ -322,6 +350,9 @@ def _lowering(raw) -> Lowering:
     if not isinstance(raw, dict):
         raise TypeError(f"a lowering must be a JSON object, got {type(raw).__name__}")
     _numbers(raw.get("gb_per_s"), "lowering gb_per_s")
+    _numbers(raw.get("spread"), "lowering spread")
+    if raw.get("noisy") is not None and not isinstance(raw.get("noisy"), str):
+        raise TypeError("a lowering's noisy must be a string or null")
     return _record(Lowering, raw)
 
 

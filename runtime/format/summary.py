@@ -118,6 +118,15 @@ def _listed(numbers) -> str:
     return ", ".join(map(str, numbers))
 
 
+def _timing(lw) -> str:
+    """A lowering's candidates as timed: GB/s, the spread of each where recorded, and noise if judged so."""
+    if not lw.gb_per_s:
+        return " (untimed)"
+    spread = {name: f" ±{value:.0%}" for name, value in lw.spread.items()}
+    rates = ", ".join(f"{name} {rate:.1f}{spread.get(name, '')}" for name, rate in lw.gb_per_s.items())
+    return f" (GB/s: {rates})" + (f"; {lw.noisy}, kept the known-good choice" if lw.noisy else "")
+
+
 def _lowering_lines(m: Manifest) -> list[str]:
     lines = []
     for graph in m.graphs:
@@ -126,8 +135,5 @@ def _lowering_lines(m: Manifest) -> list[str]:
             f"  batch {graph.batch}: compiled in {graph.compile_seconds:.0f} s, parity max |Δlogit| "
             f"{p.max_abs_logit_diff:.2e} over {p.steps} steps, tokens match: {p.tokens_match}"
         )
-        for lw in graph.lowerings:
-            rates = ", ".join(f"{name} {rate:.1f}" for name, rate in lw.gb_per_s.items())
-            timed = f" (GB/s: {rates})" if rates else " (untimed)"
-            lines.append(f"    GEMV {lw.op} {lw.rows}x{lw.cols}: {lw.chosen}{timed}")
+        lines += [f"    GEMV {lw.op} {lw.rows}x{lw.cols}: {lw.chosen}{_timing(lw)}" for lw in graph.lowerings]
     return ["decode graphs one per batch, GEMV kernels chosen per weight shape at build time:", *lines]

@@ -65,11 +65,14 @@ quantizations = st.none() | st.builds(
     st.dictionaries(names, st.floats(0, 100), max_size=2),
 )
 lowerings = st.builds(
-    lambda op, rows, cols, rates: Lowering(op, rows, cols, "float32", next(iter(rates), "aten"), rates),
+    lambda op, rows, cols, rates, noisy: Lowering(
+        op, rows, cols, "float32", next(iter(rates), "aten"), rates, {k: v / 200 for k, v in rates.items()}, noisy
+    ),
     st.sampled_from(["linear", "int8", "int4"]),
     st.integers(1, 4096),
     st.integers(1, 4096),
     st.dictionaries(names, st.floats(0, 100), max_size=3),
+    st.none() | st.text(max_size=20),
 )
 constants = st.builds(
     Constant,
@@ -299,7 +302,7 @@ def test_cache_bytes_must_match_the_layout(manifest, nbytes):
 def test_format_6_reads_as_weight_only_inductor_quantization(manifest):
     """Format 6 had one kernel family (Inductor's, weight-only), one method per bundle and range scales;
     its manifests read on, without the fields format 7 added."""
-    raw = json.loads(manifest.to_json()) | {"format_version": 6}
+    raw = _as_format_7(json.loads(manifest.to_json())) | {"format_version": 6}
     if raw["native"] is not None:
         return  # format 6 had no integer kernels
     raw.pop("native")
@@ -313,6 +316,39 @@ def test_format_6_reads_as_weight_only_inductor_quantization(manifest):
         assert (read.quantization.kernels, read.quantization.recipe, read.quantization.scales) == (
             "inductor", "uniform", "minmax",
         )  # fmt: skip
+
+
+def _as_format_7(raw: dict) -> dict:
+    """A manifest as format 7 wrote it: its lowerings without `spread` and `noisy`."""
+    for graph in raw["graphs"]:
+        for lowering in graph["lowerings"]:
+            del lowering["spread"], lowering["noisy"]
+    return raw | {"format_version": 7}
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_format_7_reads_with_its_timings_as_they_were(manifest):
+    """Format 7 recorded no timing spread: its lowerings read on, their choices standing, none noisy."""
+    read = Manifest.from_json(_with_digest(_as_format_7(json.loads(manifest.to_json()))))
+    assert read.format_version == 7
+    lowerings = [lw for g in read.graphs for lw in g.lowerings]
+    assert [(lw.chosen, lw.gb_per_s) for lw in lowerings] == [
+        (lw.chosen, lw.gb_per_s) for g in manifest.graphs for lw in g.lowerings
+    ]
+    assert all(lw.spread == {} and lw.noisy is None for lw in lowerings)
+
+
+@given(manifests())
+@settings(max_examples=20)
+def test_a_lowering_whose_noise_is_not_text_is_refused(manifest):
+    raw = json.loads(manifest.to_json())
+    lowerings = [lw for graph in raw["graphs"] for lw in graph["lowerings"]]
+    if not lowerings:
+        return
+    lowerings[0]["noisy"] = 3
+    with pytest.raises(ManifestError, match="noisy must be a string or null"):
+        Manifest.from_json(_with_digest(raw))
 
 
 @given(manifests())

@@ -1,0 +1,86 @@
+"""The GEMV tuning's timing, with no bundle: candidates timed in turn, each one's fastest call kept, and a
+timing judged noise (busy cores, or calls that scatter) keeping the known-good candidate instead of
+whatever happened to win. Real kernels under a real competing load: `test_tuning_holds_under_load`."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+import torch
+
+from exporter.compile import kernel_options
+from exporter.lowering import BUSY_CPU_SHARE, KNOWN_GOOD, LINEAR, NOISY_SPREAD, WeightShape, _noise, tune
+from exporter.timing import Interleaved, interleaved_seconds
+
+
+def _sleeper(seconds: float, calls: list[str], name: str):
+    def fn():
+        calls.append(name)
+        time.sleep(seconds)
+
+    return fn
+
+
+def test_candidates_are_timed_in_turn_and_their_fastest_call_kept():
+    calls: list[str] = []
+    fns = {"slow": _sleeper(0.004, calls, "slow"), "fast": _sleeper(0.001, calls, "fast")}
+    timed = interleaved_seconds(fns, threads=1, rounds=4, calls=2)
+    assert calls[:2] == ["slow", "fast"]  # one warming call each
+    rounds = [calls[2 + 4 * r : 6 + 4 * r] for r in range(4)]
+    assert rounds == [["slow"] * 2 + ["fast"] * 2, ["fast"] * 2 + ["slow"] * 2] * 2  # turns, reversed each round
+    assert 0.004 <= timed.best["slow"] < 0.004 + 0.003 and 0.001 <= timed.best["fast"] < 0.001 + 0.003
+    assert all(s >= 0 for s in timed.spread.values())
+    assert timed.cpu_share < BUSY_CPU_SHARE  # sleeping is not running: this process left its core idle
+
+
+def test_the_spread_is_the_median_call_over_the_fastest():
+    times = iter([0.0, 0.002, 0.002, 0.004, 0.008])  # the warming call, then four timed calls
+
+    def fn():
+        time.sleep(next(times))
+
+    timed = interleaved_seconds({"only": fn}, threads=1, rounds=2, calls=2)
+    assert timed.spread["only"] == pytest.approx((0.003 / 0.002) - 1, abs=0.35)  # median 3 ms over 2 ms
+
+
+def _timed(spread: float, share: float) -> Interleaved:
+    return Interleaved(best={"aten": 1.0, "reduce": 2.0}, spread={"aten": 0.01, "reduce": spread}, cpu_share=share)
+
+
+@pytest.mark.parametrize(
+    ("spread", "share", "noisy"),
+    [(0.05, 0.7, None), (NOISY_SPREAD + 0.01, 0.7, "reduce's median call 21% over"), (0.05, 0.3, "had 30% of")],
+)
+def test_noise_is_a_scattered_candidate_or_busy_cores(spread, share, noisy):
+    reason = _noise(_timed(spread, share))
+    assert reason is None if noisy is None else noisy in reason
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.slow
+def test_tuning_holds_under_load():
+    """The same shape tuned idle and beside two busy processes (as many as this machine's cores here):
+    either the same candidate wins, or the loaded timing is judged noise and keeps the known-good one."""
+    shape = WeightShape(LINEAR, 2048, 576)
+    options = kernel_options("cpu", "native", dequantizing=False)
+    (idle,) = tune([shape], torch.float32, "cpu", options, batch=1, log=lambda _: None)
+    context = multiprocessing.get_context("spawn")
+    loads = [context.Process(target=_busy, args=(120,)) for _ in range(max(2, torch.get_num_threads()))]
+    for p in loads:
+        p.start()
+    try:
+        time.sleep(0.5)
+        (loaded,) = tune([shape], torch.float32, "cpu", options, batch=1, log=lambda _: None)
+    finally:
+        for p in loads:
+            p.terminate()
+            p.join()
+    assert loaded.chosen == idle.chosen or (loaded.noisy and loaded.chosen == KNOWN_GOOD[LINEAR]), (idle, loaded)
+    assert idle.spread.keys() == idle.gb_per_s.keys()
