@@ -83,6 +83,14 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         action="store_true",
         help="also write decode.onnx, the same decode step for ONNX Runtime (load with backend='onnxruntime')",
     )
+    e.add_argument(
+        "--generation",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a generation default the bundle carries over the checkpoint's, e.g. do_sample=true, temperature=0.7, "
+        "top_k=40, repetition_penalty=1.1 (repeat; `inspect` shows them; run/chat/serve/generate use them)",
+    )
     e.add_argument("--sign-key", type=Path, help="sign the bundle with this elliptic-curve private key (PEM)")
     e.add_argument("--force", action="store_true", help="replace an existing bundle once the new one is complete")
     c = sub.add_parser(
@@ -168,6 +176,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         action="store_true",
         help="with --serve --streams N: aotpack serve alone and on Ray Serve with 1 and 2 replicas (writes ray.md)",
     )
+    b.add_argument(
+        "--structured",
+        action="store_true",
+        help="with --serve --streams N: JSON-schema-constrained against free streams at 1 and N clients, beside "
+        "llama-server's json_schema with --llama-server (writes structured.md)",
+    )
     b.add_argument("--long-prompt", type=int, default=512, help="--streams: tokens of the prompt admitted late")
     b.add_argument("--prefill-chunk", type=int, default=32, help="--streams: chunk size for the chunked admission")
     return p, handlers | add_commands(sub)
@@ -186,6 +200,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _export(args) -> int:
+    from exporter import generation
     from exporter.config import ExportConfig
     from exporter.export import export
     from exporter.progress import Progress
@@ -211,6 +226,7 @@ def _export(args) -> int:
         gemv=args.gemv,
         sign_key=args.sign_key,
         onnx=args.onnx,
+        generation=generation.parse(args.generation),
     )
     start = time.perf_counter()
     progress = Progress(
@@ -266,6 +282,7 @@ def _bench(args) -> int:
         prefill_chunk=args.prefill_chunk,
         serve=args.serve,
         ray=args.ray,
+        structured=args.structured,
         onnx=args.onnx,
     )
     bench(config, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter import generation
 from runtime.errors import ExportError
 from runtime.format.files import MANIFEST
 from runtime.format.manifest import DEVICES, DTYPES, RECIPES, SCALE_SEARCHES
@@ -44,6 +45,7 @@ class ExportConfig:
     gemv: str = "tune"  # "tune": time each weight shape's kernels here; "aten"/"reduce": one family, untimed
     sign_key: Path | None = None  # elliptic-curve private key (PEM): sign the bundle (runtime.format.signing)
     onnx: bool = False  # also write decode.onnx, the same step for ONNX Runtime (runtime.backends.onnxruntime)
+    generation: tuple[tuple[str, object], ...] = ()  # defaults over the checkpoint's (exporter.generation)
     parity_steps: int = 8
 
     def __post_init__(self):
@@ -64,6 +66,7 @@ class ExportConfig:
             raise ExportError("--cpu-isa applies to CPU bundles only; drop it for --device cuda")
         self._check_quantization()
         self._check_onnx()
+        object.__setattr__(self, "generation", generation.checked(self.generation))
         if self.gemv not in GEMV_POLICIES:
             raise ExportError(f"--gemv {self.gemv!r} is not supported; choose one of {GEMV_POLICIES}")
         object.__setattr__(self, "out", Path(self.out))

@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from exporter import attention as decode_attention
-from exporter import kernels, quant_family, quantize
+from exporter import generation, kernels, quant_family, quantize
 from exporter.accuracy import accuracy, reference
 from exporter.compat import package_metadata_and_constants
 from exporter.compile import compile_graph, export_decode, inductor_options, package_graphs
@@ -67,6 +67,7 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
         model, attention = load_model(checkpoint, config.dtype, config.device)  # refuses unsupported classes first
         preprocessor = _load_preprocessor(checkpoint)
         tokenizer = getattr(preprocessor, "tokenizer", preprocessor)
+        defaults = generation.merged(model.generation_config, config.generation, text_config(model).vocab_size)
         float32 = model if config.dtype == "float32" else None  # a float32 export scores its own model
         if config.measures_accuracy and float32 is None:
             float32 = load_model(checkpoint, "float32", config.device)[0]
@@ -86,7 +87,7 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     kernel = _attention(model, config, attention, options, progress)
     graphs, package = _compile_graphs(config, model, step, contract, kernel, quantization, native, progress, staging)
     with stage("write", "writing weights, tokenizer and configs"):
-        aliases = write_model(model, preprocessor, staging)
+        aliases = write_model(model, preprocessor, staging, defaults)
         manifest = _draft_manifest(config, model, step, layout, package, aliases)
         if native is not None:
             shutil.copyfile(native.path, staging / KERNELS)

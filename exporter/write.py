@@ -37,13 +37,15 @@ def split_aliases(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, 
     return stored, aliases
 
 
-def write_model(model: nn.Module, preprocessor, out: Path) -> dict[str, str]:
-    """Write weights, configs and the tokenizer/processor into `out`; returns the weight aliases."""
+def write_model(model: nn.Module, preprocessor, out: Path, generation=None) -> dict[str, str]:
+    """Write weights, configs and the tokenizer/processor into `out`; returns the weight aliases.
+    `generation`: the bundle's generation defaults (exporter.generation), else the model's own."""
     stored, aliases = split_aliases(model)
     save_file(stored, str(out / WEIGHTS), metadata={"format": "pt"})
     model.config.save_pretrained(out)
-    if model.generation_config is not None:
-        model.generation_config.save_pretrained(out)
+    generation = generation if generation is not None else model.generation_config
+    if generation is not None:
+        generation.save_pretrained(out)
     preprocessor.save_pretrained(out)
     use_generic_class(out)  # faster to load, where it provably behaves the same (exporter.tokenizer)
     return aliases

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -123,9 +124,10 @@ def _first_answer(url: str, model: str, prompt: str, new_tokens: int, spawned: f
         time.sleep(0.2)
 
 
-def measure_server(name: str, command: list[str], port: int, config: BenchConfig, model: str) -> dict:
-    """Cold start of the server `command` listening on `port`, then `config.streams` concurrent clients."""
-    prompts = [f"Tell me a story about the number {i}." for i in range(config.streams)]
+@contextmanager
+def running(command: list[str], port: int, config: BenchConfig, model: str):
+    """The server `command` started on `port`; yields (its URL, seconds from spawn to the first token of
+    its first request: cold start). Ended when the block is left."""
     spawned = time.time()
     # stderr goes to a file, not a pipe: nobody reads it while the server runs (Ray's is chatty), and a
     # full pipe would block the server
@@ -136,16 +138,21 @@ def measure_server(name: str, command: list[str], port: int, config: BenchConfig
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        cold = _first_answer(url, model, prompts[0], config.new_tokens, spawned, proc, log)
-        with ThreadPoolExecutor(config.streams) as pool:
-            list(pool.map(lambda p: _ask(url, model, p, 8), prompts))  # warm: every replica, every row
-            start = time.time()
-            answers = list(pool.map(lambda p: _ask(url, model, p, config.new_tokens), prompts))
-        wall = time.time() - start
+        yield url, _first_answer(url, model, "Tell me a story.", config.new_tokens, spawned, proc, log)
     finally:
         proc.terminate()
         proc.wait(timeout=120)
         log.close()
+
+
+def measure_server(name: str, command: list[str], port: int, config: BenchConfig, model: str) -> dict:
+    """Cold start of the server `command` listening on `port`, then `config.streams` concurrent clients."""
+    prompts = [f"Tell me a story about the number {i}." for i in range(config.streams)]
+    with running(command, port, config, model) as (url, cold), ThreadPoolExecutor(config.streams) as pool:
+        list(pool.map(lambda p: _ask(url, model, p, 8), prompts))  # warm: every replica, every row
+        start = time.time()
+        answers = list(pool.map(lambda p: _ask(url, model, p, config.new_tokens), prompts))
+        wall = time.time() - start
     tokens = sum(a[2] for a in answers)
     return {
         "server": name,
@@ -182,9 +189,10 @@ def _llama_server(config: BenchConfig, variant: str, checkpoint: Path, port: int
     return llama_server_command(config, gguf, port), gguf.name, extra
 
 
-def run_servers(config: BenchConfig, servers: dict, prefix: str, log) -> dict:
+def run_servers(config: BenchConfig, servers: dict, prefix: str, log, measure=measure_server) -> dict:
     """Export one bundle with `config.streams` cache rows, then measure each server in turn. `servers`:
-    name -> launch(bundle, checkpoint, port) -> (command, model id[, extra result fields])."""
+    name -> launch(bundle, checkpoint, port) -> (command, model id[, extra result fields]); `measure`:
+    (name, command, port, config, model) -> the server's result."""
     variant = config.variants[0]
     results = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}}
     results |= {"machine": machine(), "variant": variant, "servers": []}
@@ -201,13 +209,13 @@ def run_servers(config: BenchConfig, servers: dict, prefix: str, log) -> dict:
             extra = dict(extra[0]) if extra else {}
             fallback = extra.pop("fallback", None)
             try:
-                result = measure_server(name, command, port, config, model=model)
+                result = measure(name, command, port, config, model=model)
             except ServerCrashed as e:
                 if fallback is None:
                     raise
                 log(f"[{variant}] {name} crashed ({str(e).splitlines()[0]}); running it again with its fallback")
                 port = _free_port()
-                result = measure_server(name, fallback(port), port, config, model=model) | {"fallback": True}
+                result = measure(name, fallback(port), port, config, model=model) | {"fallback": True}
             results["servers"].append(result | extra)
     return results
 

@@ -12,6 +12,7 @@ torch.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -265,13 +266,26 @@ def _serve_ray(config, ray_config) -> None:
 
 
 def _inspect(args) -> int:
+    from runtime.format.files import GENERATION
     from runtime.format.reader import bundle_file, read_manifest
     from runtime.format.summary import summary
 
     manifest = read_manifest(args.bundle)
     files = {name: bundle_file(args.bundle, name) for name in manifest.files}
-    print(summary(manifest, {name: path.stat().st_size for name, path in files.items() if path.is_file()}))
+    sizes = {name: path.stat().st_size for name, path in files.items() if path.is_file()}
+    print(summary(manifest, sizes, _generation(files.get(GENERATION))))
     return 0
+
+
+def _generation(path) -> dict | None:
+    """The bundle's generation defaults as its file says (hashes are `verify`'s and load()'s to check)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
 
 
 def _verify(args) -> int:

@@ -14,6 +14,13 @@ DECODE_ONNX = "decode.onnx"  # the portable decode (runtime.backends.onnxruntime
 KERNELS = "kernels.so"  # aotpack's integer kernels (runtime.quant.native), in integer-quantized bundles
 WEIGHTS = "model.safetensors"
 SIGNATURE = "signature.sig"  # inside the bundle; covers every other file, the manifest included
+GENERATION = "generation_config.json"  # transformers' GenerationConfig: the bundle's generation defaults
+# The defaults a bundle's generation config may carry from `export --generation` (how to sample, how
+# long to go), and what `inspect` shows of it.
+GENERATION_DEFAULTS = (
+    "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
+    "repetition_penalty", "no_repeat_ngram_size", "max_new_tokens", "min_new_tokens", "eos_token_id",
+)  # fmt: skip
 
 
 def sha256_bytes(data: bytes) -> str:

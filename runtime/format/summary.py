@@ -5,9 +5,11 @@ Owns: presenting the manifest, including KV-cache memory against what a full-len
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import replace
 
+from runtime.format.files import GENERATION, GENERATION_DEFAULTS
 from runtime.format.manifest import Manifest
 
 
@@ -26,7 +28,8 @@ def human(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def summary(m: Manifest, sizes: dict[str, int] | None = None) -> str:
+def summary(m: Manifest, sizes: dict[str, int] | None = None, generation: dict | None = None) -> str:
+    """`generation`: the bundle's generation_config.json, whose defaults are shown."""
     ring, full = kv_bytes(m)
     kinds = Counter((layer.kind, layer.slots) for layer in m.cache_layout)
     layers = ", ".join(f"{n}× {kind} ({slots} slots)" for (kind, slots), n in sorted(kinds.items()))
@@ -47,12 +50,21 @@ def summary(m: Manifest, sizes: dict[str, int] | None = None) -> str:
         *_quantization_lines(m),
         *_attention_lines(m),
         *_lowering_lines(m),
+        *_generation_lines(generation),
         "files",
     ]
     for name, digest in sorted(m.files.items()):
         size = f"{human(sizes[name]):>10}  " if sizes and name in sizes else ""
         lines.append(f"  {size}{name}  sha256 {digest[:16]}…")
     return "\n".join(lines)
+
+
+def _generation_lines(config: dict | None) -> list[str]:
+    shown = {k: config[k] for k in GENERATION_DEFAULTS if config and config.get(k) is not None}
+    if not shown:
+        return ["generation   no defaults: greedy unless the caller samples"] if config is not None else []
+    settings = ", ".join(f"{k} {json.dumps(v)}" for k, v in shown.items())
+    return [f"generation   {settings} ({GENERATION}; the caller's options override them)"]
 
 
 def _onnx_lines(m: Manifest) -> list[str]:

@@ -38,9 +38,11 @@ def test_run_streams_text_and_reports_timings(bundle, capsys):
 
 
 def test_run_with_sampling_is_reproducible_with_a_seed(bundle, capsys):
+    path = bundle("tiny-llama")
+    capsys.readouterr()  # the export's own lines, when this test is the one that builds the bundle
     args = [
         "run",
-        str(bundle("tiny-llama")),
+        str(path),
         "--prompt",
         "Hi",
         "--max-new-tokens",
@@ -216,21 +218,19 @@ def test_a_failed_export_leaves_no_empty_folders(tmp_path, capsys):
 
 
 @pytest.fixture
-def sampling_bundle(bundle, tmp_path):
-    """tiny-llama with generation defaults that sample (as instruction-tuned checkpoints ship)."""
-    import shutil
+def sampling_bundle(bundle):
+    """tiny-llama exported with generation defaults that sample (as instruction-tuned checkpoints ship,
+    or as `--generation` sets them)."""
+    return bundle("tiny-llama", "--gemv", "aten", "--generation", "do_sample=true", "--generation", "temperature=0.9")
 
-    from helpers import rewrite_manifest
 
-    from runtime.format.files import sha256
-
-    copy = tmp_path / "bundle"
-    shutil.copytree(bundle("tiny-llama"), copy)
-    config = json.loads((copy / "generation_config.json").read_text())
-    (copy / "generation_config.json").write_text(json.dumps(config | {"do_sample": True, "temperature": 0.9}))
-    files = json.loads((copy / "manifest.json").read_text())["files"]
-    rewrite_manifest(copy, files=files | {"generation_config.json": sha256(copy / "generation_config.json")})
-    return copy
+def test_export_generation_defaults_are_the_bundles_and_inspect_shows_them(sampling_bundle, capsys):
+    config = json.loads((sampling_bundle / "generation_config.json").read_text())
+    assert (config["do_sample"], config["temperature"]) == (True, 0.9)
+    assert aotpack(["inspect", str(sampling_bundle)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("generation "))
+    assert line.startswith("generation   do_sample true, temperature 0.9, eos_token_id")  # and the checkpoint's own
+    assert line.endswith("(generation_config.json; the caller's options override them)")
 
 
 def test_run_honours_the_bundles_sampling_defaults_unless_greedy(sampling_bundle, capsys):

@@ -279,6 +279,22 @@ def test_json_schema_output_validates_20_of_20_streaming_or_not_beside_free_text
     assert not any(other.startswith('{"color"') for other in others)
 
 
+def test_the_structured_bench_times_free_and_constrained_streams_on_a_running_server(serving):
+    """`aotpack bench --serve --structured`'s measurement (exporter.bench.structured) against this server:
+    both loads at 1 and 2 clients, every constrained reply opening the schema's object, no free one."""
+    from exporter.bench.structured import CONSTRAINED, figures, measure
+
+    url, _ = serving(TEXT)
+    loads = measure(url, MODEL, streams=2, new_tokens=10, constrained=CONSTRAINED["aotpack serve"])
+    assert set(loads) == {"free@1", "json@1", "free@2", "json@2"}
+    for key, load in loads.items():
+        assert load["clients"] == int(key[-1]) and load["chunks"] >= load["clients"] and load["tokens_per_s"] > 0
+        assert load["itl_p50_ms"] > 0 and load["itl_p99_ms"] >= load["itl_p50_ms"]
+    f = figures({"loads": loads}, streams=2)
+    assert [f[n]["json_prefix"] for n in (1, 2)] == [1, 2]
+    assert not any("".join(t.split()).startswith('{"story"') for n in (1, 2) for t in loads[f"free@{n}"]["texts"])
+
+
 def test_n_greedy_choices_are_one_decode_and_sampled_ones_are_hfs_sequences(serving, runtime):
     url, _ = serving(TEXT)
     rt = runtime(TEXT)

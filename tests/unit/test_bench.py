@@ -107,3 +107,44 @@ def test_llama_server_gets_n_slots_of_the_bundles_cache(tmp_path):
     )  # fmt: skip
     command = llama_server_command(config, tmp_path / "m.gguf", 1234)
     assert command[command.index("--parallel") + 1] == "8" and command[command.index("-c") + 1] == str(8 * 2048)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"serve": True, "streams": 4, "ray": True}], ids=["without --serve", "with --ray"]
+)
+def test_structured_is_refused_without_one_server_to_time(options):
+    from exporter.bench.config import BenchConfig
+
+    with pytest.raises(BenchError, match="--structured times constrained streams on a server"):
+        BenchConfig(dtypes=("float32",), structured=True, **options)
+
+
+def test_structured_report_puts_each_server_constrained_beside_free(tmp_path):
+    from exporter.bench.config import BenchConfig
+    from exporter.bench.modes import mode_of
+    from exporter.bench.structured import write_structured_report
+
+    assert mode_of(BenchConfig(dtypes=("int8",), serve=True, streams=8, structured=True)).report == "structured.md"
+
+    def load(n: int, tps: float, itl: float, texts: list[str]) -> dict:
+        timing = {"tokens_per_s": tps, "itl_p50_ms": itl, "itl_p99_ms": itl}
+        return {"clients": n, "chunks": 64 * n, **timing, "texts": texts}
+
+    servers = [
+        {"server": "aotpack serve", "loads": {
+            "free@1": load(1, 80.0, 12.0, ["Once"]), "json@1": load(1, 76.0, 12.5, ['{"story": "Once']),
+            "free@8": load(8, 200.0, 40.0, ["x"] * 8), "json@8": load(8, 190.0, 42.0, ['{ "story":"'] * 7 + ["{}"]),
+        }},
+        {"server": "llama-server", "fallback": True, "loads": {
+            "free@1": load(1, 60.0, 16.0, ["a"]), "json@1": load(1, 40.0, 24.0, ['{"story":"a']),
+            "free@8": load(8, 70.0, 110.0, ["a"] * 8), "json@8": load(8, 50.0, 150.0, ['{"story":"a'] * 8),
+        }},
+    ]  # fmt: skip
+    results = {"config": {"model": "gemma3-270m", "threads": 2, "streams": 8, "new_tokens": 64}, "variant": "int8"}
+    write_structured_report(results | {"machine": {"cpu": "AMD EPYC"}, "servers": servers}, tmp_path)
+    report = (tmp_path / "structured.md").read_text()
+    assert "| aotpack serve | 1 | 80.0 | 76.0 | 12.0 | 12.5 | +0.50 | 1.042× | 1 of 1 |" in report
+    assert "| aotpack serve | 8 | 200.0 | 190.0 | 40.0 | 42.0 | +2.00 | 1.050× | 7 of 8 |" in report
+    assert "| llama-server (`-nr`) | 8 | 70.0 | 50.0 | 110.0 | 150.0 | +40.00 | 1.364× | 8 of 8 |" in report
+    figures = json.loads((tmp_path / "structured.json").read_text())["figures"]
+    assert figures["llama-server"]["1"]["itl_ratio"] == 1.5
