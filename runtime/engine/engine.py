@@ -23,6 +23,7 @@ import weakref
 import torch
 
 from runtime.config import LoadConfig
+from runtime.engine import sampling
 from runtime.engine.handle import Handle
 from runtime.engine.openmp import release_team
 from runtime.engine.request import Request, RequestState
@@ -226,7 +227,7 @@ class Engine:
                 self._end(state, FinishReason.FAILED, e)
             return
         greedy = sum(s.batch for s in decoding if s.plain_greedy)  # rows whose token is the raw argmax
-        argmax = logits.argmax(-1) if greedy > 1 and 2 * greedy >= width else None  # (width,): one call
+        argmax = sampling.greedy(logits) if greedy > 1 and 2 * greedy >= width else None  # (width,): one call
         for state in decoding:
             taken = argmax[state.rows] if argmax is not None and state.plain_greedy else None
             try:

