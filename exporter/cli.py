@@ -89,7 +89,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         default=[],
         metavar="KEY=VALUE",
         help="a generation default the bundle carries over the checkpoint's, e.g. do_sample=true, temperature=0.7, "
-        "top_k=40, repetition_penalty=1.1 (repeat; `inspect` shows them; run/chat/serve/generate use them)",
+        "top_k=40, repetition_penalty=1.1 (repeat; `inspect` shows them; generate() takes them all, run and serve "
+        "the sampling ones)",
     )
     e.add_argument("--sign-key", type=Path, help="sign the bundle with this elliptic-curve private key (PEM)")
     e.add_argument("--force", action="store_true", help="replace an existing bundle once the new one is complete")

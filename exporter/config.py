@@ -67,6 +67,12 @@ class ExportConfig:
         self._check_quantization()
         self._check_onnx()
         object.__setattr__(self, "generation", generation.checked(self.generation))
+        longest = dict(self.generation).get("max_new_tokens")
+        if isinstance(longest, int) and longest >= self.max_cache_len:
+            raise ExportError(
+                f"--generation max_new_tokens={longest} does not fit --max-cache-len {self.max_cache_len} with any "
+                "prompt; lower it or raise the cache"
+            )
         if self.gemv not in GEMV_POLICIES:
             raise ExportError(f"--gemv {self.gemv!r} is not supported; choose one of {GEMV_POLICIES}")
         object.__setattr__(self, "out", Path(self.out))

@@ -35,7 +35,7 @@ def checked(settings) -> tuple[tuple[str, object], ...]:
     """(key, value) pairs refused unless each key is one of KEYS, given once, with a value generate()
     accepts; integral values of float settings become floats."""
     seen: dict[str, object] = {}
-    for key, value in settings:
+    for key, value in settings.items() if isinstance(settings, dict) else settings:
         if key not in KEYS:
             near = difflib.get_close_matches(key, KEYS, n=1)
             hint = f"did you mean {near[0]}? " if near else ""
@@ -44,14 +44,29 @@ def checked(settings) -> tuple[tuple[str, object], ...]:
         if key in seen:
             raise ExportError(f"--generation {key} is given twice; give each setting once")
         seen[key] = value
+    if "eos_token_id" in seen and seen["eos_token_id"] is None:
+        raise ExportError("--generation eos_token_id=null would leave the bundle no stop token; give the ids")
+    low, high = seen.get("min_new_tokens"), seen.get("max_new_tokens")
+    if isinstance(low, int) and isinstance(high, int) and low > high:
+        raise ExportError(f"--generation min_new_tokens={low} exceeds max_new_tokens={high}; lower it")
     return tuple(_checked(seen).items())
 
 
+# Python's spellings, which a user writes as often as JSON's
+_PYTHON = {"True": True, "False": False, "None": None}
+
+
 def _value(text: str) -> object:
+    if text in _PYTHON:
+        return _PYTHON[text]
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return text  # not JSON: kept as text, which check_options then names as the wrong type
+        pass
+    try:
+        return float(text)  # .7, 1e-1, inf (which check_options refuses by name)
+    except ValueError:
+        return text  # kept as text, which check_options then names as the wrong type
 
 
 def _checked(settings: dict) -> dict:
@@ -83,6 +98,11 @@ def merged(base, settings: tuple[tuple[str, object], ...], vocab_size: int):
     if outside:
         raise ExportError(f"--generation eos_token_id {outside[0]} is outside the vocabulary 0..{vocab_size - 1}")
     config.update(**dict(settings))
+    if config.do_sample and config.temperature is not None and config.temperature <= 0:
+        raise ExportError(
+            f"--generation: the bundle would sample at temperature {config.temperature}, which cannot sample; "
+            "give a temperature > 0, or do_sample=false to decode greedily"
+        )
     try:
         config.validate(strict=True, user_set_attributes={key for key, _ in settings})
     except ValueError as e:

@@ -160,7 +160,7 @@ def _tuned(shape: WeightShape, dtype, device: str, inductor_options: dict, batch
     with float_environment_kept():  # a compiled candidate's .so is loaded on the first call
         timed = interleaved_seconds(fns, *args, threads=torch.get_num_threads())
     rates = {name: round(_weight_bytes(args) / seconds / 1e9, 2) for name, seconds in timed.best.items()}
-    noisy = _noise(timed) if len(rates) > 1 else None
+    noisy = _noise(timed, cpu=device == "cpu") if len(rates) > 1 else None
     chosen = KNOWN_GOOD.get(shape.op, next(iter(rates))) if noisy else max(rates, key=rates.get)
     spread = {name: round(value, 3) for name, value in timed.spread.items()}
     figures = ", ".join(f"{k} {v} GB/s (spread {spread[k]:.0%})" for k, v in rates.items())
@@ -169,9 +169,10 @@ def _tuned(shape: WeightShape, dtype, device: str, inductor_options: dict, batch
     return Lowering(shape.op, shape.rows, shape.cols, str(dtype).removeprefix("torch."), chosen, rates, spread, noisy)
 
 
-def _noise(timed: Interleaved) -> str | None:
-    """Why these timings say nothing about the kernels (another process had the cores), or None."""
-    if timed.cpu_share < BUSY_CPU_SHARE:
+def _noise(timed: Interleaved, cpu: bool = True) -> str | None:
+    """Why these timings say nothing about the kernels (another process had the cores), or None. The
+    CPU share speaks of CPU kernels only: a CUDA export's one launching thread leaves the others idle."""
+    if cpu and timed.cpu_share < BUSY_CPU_SHARE:
         return f"the timing was noise (the export had {timed.cpu_share:.0%} of its cores)"
     worst = max(timed.spread, key=timed.spread.get)
     if timed.spread[worst] > NOISY_SPREAD:

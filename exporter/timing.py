@@ -3,6 +3,7 @@ the interleaved timer the GEMV tuning uses to compare candidates on a machine th
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ def interleaved_seconds(fns: dict, *args, threads: int, rounds: int = 5, calls: 
                 start = time.perf_counter()
                 fns[name](*args)
                 samples[name].append(time.perf_counter() - start)
+    threads = min(threads, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else threads)
     share = (time.process_time() - cpu) / max((time.perf_counter() - wall) * threads, 1e-9)
     return Interleaved(
         best={name: min(s) for name, s in samples.items()},

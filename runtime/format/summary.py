@@ -134,7 +134,7 @@ def _timing(lw) -> str:
     """A lowering's candidates as timed: GB/s, the spread of each where recorded, and noise if judged so."""
     if not lw.gb_per_s:
         return " (untimed)"
-    spread = {name: f" ±{value:.0%}" for name, value in lw.spread.items()}
+    spread = {name: f" (median +{value:.0%})" for name, value in lw.spread.items()}
     rates = ", ".join(f"{name} {rate:.1f}{spread.get(name, '')}" for name, rate in lw.gb_per_s.items())
     return f" (GB/s: {rates})" + (f"; {lw.noisy}, kept the known-good choice" if lw.noisy else "")
 

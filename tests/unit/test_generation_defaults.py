@@ -18,6 +18,11 @@ def test_settings_are_read_as_json_and_floats_stay_floats():
         ("do_sample", True), ("temperature", 1.0), ("top_k", 40), ("eos_token_id", [1, 2]), ("top_p", 0.9),
     )  # fmt: skip
     assert parse(["top_k=null"]) == (("top_k", None),)  # unsets the checkpoint's own
+    assert parse(["do_sample=True", "temperature=.7", "top_p=None"]) == (
+        ("do_sample", True),
+        ("temperature", 0.7),
+        ("top_p", None),
+    )  # fmt: skip  (Python's spellings too)
 
 
 @pytest.mark.parametrize(
@@ -31,6 +36,9 @@ def test_settings_are_read_as_json_and_floats_stay_floats():
         (["do_sample=yes"], "do_sample must be True or False, got 'yes'"),
         (["top_k=-1"], "top_k must be an integer >= 0"),
         (["do_sample=true", "temperature=0"], "temperature=0.0 cannot sample; give a temperature > 0"),
+        (["temperature=inf"], "temperature must be a finite number"),
+        (["eos_token_id=null"], "would leave the bundle no stop token"),
+        (["min_new_tokens=9", "max_new_tokens=8"], "min_new_tokens=9 exceeds max_new_tokens=8"),
     ],
 )
 def test_bad_settings_name_the_value_and_the_fix(pairs, message):
@@ -41,6 +49,10 @@ def test_bad_settings_name_the_value_and_the_fix(pairs, message):
 def test_the_export_config_refuses_them_before_loading_anything(tmp_path):
     with pytest.raises(ExportError, match="did you mean top_p"):
         ExportConfig(model="no-such-model", out=tmp_path / "b", generation=(("top_q", 0.9),))
+    with pytest.raises(ExportError, match="max_new_tokens=64 does not fit --max-cache-len 64"):
+        ExportConfig(model="no-such-model", out=tmp_path / "b", max_cache_len=64, generation={"max_new_tokens": 64})
+    config = ExportConfig(model="no-such-model", out=tmp_path / "b", generation={"top_k": 4})  # a dict will do
+    assert config.generation == (("top_k", 4),)
 
 
 def test_settings_go_over_the_checkpoints_own_config_without_changing_it():
@@ -54,6 +66,12 @@ def test_settings_go_over_the_checkpoints_own_config_without_changing_it():
 def test_a_setting_that_would_do_nothing_is_refused():
     with pytest.raises(ExportError, match=r"--generation temperature=0.7: .*`do_sample` is not set to `True`"):
         merged(GenerationConfig(), parse(["temperature=0.7"]), vocab_size=100)
+
+
+def test_a_checkpoint_that_samples_cannot_be_given_temperature_zero():
+    """OpenAI's temperature 0 means greedy; HF's sampling at 0 fails every call: refused, with the fix."""
+    with pytest.raises(ExportError, match="would sample at temperature 0.0.*do_sample=false"):
+        merged(GenerationConfig(do_sample=True, temperature=0.6), parse(["temperature=0"]), vocab_size=100)
 
 
 def test_a_stop_token_outside_the_vocabulary_is_refused():

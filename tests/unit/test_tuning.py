@@ -58,6 +58,11 @@ def test_noise_is_a_scattered_candidate_or_busy_cores(spread, share, noisy):
     assert reason is None if noisy is None else noisy in reason
 
 
+def test_a_cuda_export_is_not_judged_by_its_idle_cpu_threads():
+    assert _noise(_timed(0.05, 0.12), cpu=False) is None
+    assert "reduce's median call" in _noise(_timed(0.5, 0.12), cpu=False)
+
+
 def _busy(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
