@@ -71,14 +71,15 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
         float32 = model if config.dtype == "float32" else None  # a float32 export scores its own model
         if config.measures_accuracy and float32 is None:
             float32 = load_model(checkpoint, "float32", config.device)[0]
+    plan = None
     if config.quantize:  # refuses what cannot be packed before anything is scored or compiled
-        quantize.plan(model, config.quant_spec(INTEGER), config.recipe, config.scale_search)
+        plan = quantize.plan(model, config.quant_spec(INTEGER), config.recipe, config.scale_search)
     ref = None
     if config.measures_accuracy:  # the float32 model is scored before any conversion
         with stage("score", "scoring the float32 model on the accuracy text"):
             ref = reference(float32, tokenizer)
     del float32
-    quantization, family = _quantize(config, model, progress) if config.quantize else (None, None)
+    quantization, family = _quantize(config, model, plan, progress) if plan else (None, None)
     native = family.built if family else None
     layout = cache_layout(model, config.max_cache_len)
     step = decode_module(model, layout)
@@ -120,9 +121,9 @@ def _compile_graphs(config, model, step, contract, kernel, quantization, native,
         return graphs, package_graphs(files, staging / DECODE)
 
 
-def _quantize(config: ExportConfig, model, progress: Progress) -> tuple[Quantization, Family]:
-    """The model's layers quantized in place, by the kernel family chosen for this machine."""
-    plan = quantize.plan(model, config.quant_spec(INTEGER), config.recipe, config.scale_search)
+def _quantize(config: ExportConfig, model, plan: Quantization, progress: Progress) -> tuple[Quantization, Family]:
+    """The model's layers quantized in place, by the kernel family chosen for this machine. `plan`: the
+    bundle's quantization as planned, before that choice."""
     shapes = {p: tuple(model.get_submodule(p).weight.shape) for p in (*plan.linears, *filter(None, [plan.embedding]))}
     with progress.stage("kernels", "choosing the quantized layers' kernels"):
         family = quant_family.choose(config, plan, shapes, progress.log)

@@ -14,8 +14,7 @@ from pathlib import Path
 from runtime.errors import IncompatibleBundleError
 
 # AOTInductor's ISA names (AOTI_CPU_ISA, lower-cased) -> the CPU flags each needs, as Linux lists
-# them in /proc/cpuinfo. Reading the flags costs microseconds; Inductor's own probe compiles test
-# programs and imports torch._dynamo, about 6 s of start-up.
+# them in /proc/cpuinfo.
 ISA_FLAGS = {
     "avx2": {"avx2", "fma"},
     "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import torch
 
-from runtime.cpu import KERNEL_ISA_FLAGS, check_kernels_isa
+from runtime.cpu import check_kernels_isa
 from runtime.errors import BundleError, IncompatibleBundleError
 
 ABI = 1  # exporter/csrc/quant_common.h's ABI: the signatures below
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-ISA_FLAGS = KERNEL_ISA_FLAGS  # each instruction path's CPU flags (runtime.cpu)
 
 _P, _I, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 _SIGNATURES = {

@@ -17,10 +17,11 @@ from helpers import assert_parity, chat
 from exporter.lowering import CANDIDATES, KNOWN_GOOD, LINEAR
 from runtime import load
 from runtime.backends.checks import lend_constants
+from runtime.cpu import KERNEL_ISA_FLAGS
 from runtime.errors import IncompatibleBundleError, IntegrityError
 from runtime.format.files import KERNELS, sha256
 from runtime.format.reader import read_manifest
-from runtime.quant import QuantizedLinear, native
+from runtime.quant import QuantizedLinear
 
 QUANTIZED = {  # preset -> export options: both methods, both kernel families, three families, a window, images
     "tiny-llama": ("--quantize", "int8", "--quant-kernels", "integer"),
@@ -160,7 +161,7 @@ def test_integer_bundle_carries_its_kernels_and_calls_them_without_the_proxy_exe
     path = bundle("tiny-llama", *QUANTIZED["tiny-llama"])
     m = read_manifest(path)
     assert m.native.file == KERNELS and m.files[KERNELS] == sha256(path / KERNELS)
-    assert m.native.isa in native.ISA_FLAGS and m.native.soname.startswith("libaotpack-kernels-")
+    assert m.native.isa in KERNEL_ISA_FLAGS and m.native.soname.startswith("libaotpack-kernels-")
     with zipfile.ZipFile(path / "decode.pt2") as package:
         wrappers = [package.read(n).decode() for n in package.namelist() if n.endswith("wrapper.cpp")]
     assert wrappers and all("aoti_torch_cpu_dot_linear_int8(" in text for text in wrappers)

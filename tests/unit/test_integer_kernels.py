@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from exporter import kernels
-from runtime.cpu import cpu_flags
+from runtime.cpu import KERNEL_ISA_FLAGS, cpu_flags
 from runtime.quant import INT4, INTEGER, QuantSpec, int4_dot, int8_dot, native, scheme, tiles
 
 PATHS = ("scalar", "avx2", "avx-vnni", "avx512-vnni")
@@ -20,7 +20,7 @@ GROUPED = [(1, 640, 7, 32), (5, 128, 9, 64), (70, 256, 6, 128), (2, 64, 1, 32)] 
 @pytest.fixture(scope="module", params=PATHS)
 def lib(request):
     """The kernels compiled for one instruction path, loaded without serving the eager op."""
-    missing = native.ISA_FLAGS[request.param] - (cpu_flags() or set())
+    missing = KERNEL_ISA_FLAGS[request.param] - (cpu_flags() or set())
     if missing:
         pytest.skip(f"the {request.param} path needs CPU flags {sorted(missing)}, which this machine lacks")
     built = kernels.build(isa_override=request.param, log=lambda _: None, serve=False)
