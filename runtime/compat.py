@@ -9,6 +9,7 @@ fails there first, in a second, naming the symbol, rather than deep inside a bun
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import torch
@@ -53,6 +54,11 @@ PRIVATE_SYMBOLS = (
     # transformers serve's own table of tool-call formats by model type (for tokenizers without a
     # response_template): public in effect, but in its CLI's package
     ("transformers.cli.serving.utils", "get_response_template", ("processor", "model")),
+    # the streaming reader behind tokenizer.parse_response, its events read as they come: exported by
+    # transformers.utils.chat_parsing, not by transformers itself
+    ("transformers.utils.chat_parsing", "ResponseParser", ("response_template", "prefix", "tools")),
+    ("transformers.utils.chat_parsing.ResponseParser", "_close_current", ("events",)),
+    ("transformers.utils.chat_parsing.ResponseParser", "_reset_to_implicit", ()),
 )
 # What `_prepare_special_tokens` sets on a GenerationConfig and special_tokens() reads (checked by running it).
 SET_BY_TRANSFORMERS = ("_eos_token_tensor", "_pad_token_tensor")
@@ -181,3 +187,29 @@ def response_template(tokenizer, model) -> dict | None:
     from transformers.cli.serving.utils import get_response_template
 
     return get_response_template(tokenizer, model)
+
+
+def response_parser(template: dict, prefix: str, tools: list[dict] | None):
+    """transformers' streaming reader of a reply in `template`'s format after the prompt's text `prefix`:
+    `feed(text)` and `finalize()` return region_open / region_chunk / region_close events.
+
+    A region its parser cannot read (a call whose JSON the model broke off or never closed) raises in
+    transformers, mid-stream, and leaves the reader stuck in that region; here it closes with `value`
+    None and an `error`, and reading goes on, as a server must."""
+    return _lenient_parser()(template, prefix=prefix, tools=tools)
+
+
+@functools.cache
+def _lenient_parser():
+    from transformers.utils.chat_parsing import ResponseParser
+
+    class LenientParser(ResponseParser):
+        def _close_current(self, events: list[dict]) -> None:
+            field = self._current
+            try:
+                super()._close_current(events)
+            except ValueError as e:
+                events.append({"type": "region_close", "field": field, "value": None, "error": str(e)})
+                self._reset_to_implicit()
+
+    return LenientParser

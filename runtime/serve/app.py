@@ -12,6 +12,7 @@ Status codes: 400 invalid request (aotpack's message), 401 wrong or missing key,
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import time
 
@@ -30,6 +31,7 @@ from runtime.serve.messages import ImageBudget, chat_inputs, chat_messages, prom
 from runtime.serve.metrics import Metrics
 from runtime.serve.reply import Reply
 from runtime.serve.schema import ChatRequest, CompletionRequest
+from runtime.serve.toolstream import ReplyReader
 
 OPEN_PATHS = ("/health", "/ready", "/metrics")  # no key needed: probes and scrapers
 
@@ -201,8 +203,8 @@ async def _respond(app: FastAPI, request: Request, body, build_inputs, kind: str
     request.state.generating = True  # logged when the reply ends (_ended), not when the response starts
     prompt_tokens = inputs["input_ids"].shape[1]
     text = TextStream(rt.tokenizer, handle, body.stop, body.alternatives, copies)
-    calls = _tool_calls(rt, body, inputs["input_ids"])
-    reply = Reply(kind, body.model or app.state.config.name, prompt_tokens, text, calls)  # an alias is itself
+    reader = _reader(rt, body, inputs["input_ids"])
+    reply = Reply(kind, body.model or app.state.config.name, prompt_tokens, text, reader)  # an alias is itself
     if body.stream:
         return StreamingResponse(_events(app, request, handle, text, reply, body), media_type="text/event-stream")
     try:
@@ -215,12 +217,12 @@ async def _respond(app: FastAPI, request: Request, body, build_inputs, kind: str
     return reply.whole()
 
 
-def _tool_calls(rt, body, prompt_ids):
-    """For a request with tools: a choice's token ids -> (content, OpenAI tool_calls); else None."""
+def _reader(rt, body, prompt_ids):
+    """For a request with tools: what makes a choice's ReplyReader (runtime.serve.toolstream); else None."""
     if getattr(body, "tool_mode", None) is None:
         return None
     prefix = rt.tokenizer.decode(prompt_ids[0].tolist())  # what the parser reads the reply after, once
-    return lambda ids: tools.parse(rt, ids, prefix, body.tool_dicts)
+    return functools.partial(ReplyReader, rt.tokenizer, tools.response_template(rt), prefix, body.tool_dicts)
 
 
 def _ended(app: FastAPI, request: Request, handle, text: TextStream, reply: Reply) -> None:
@@ -278,7 +280,7 @@ async def _events(app: FastAPI, request: Request, handle, text: TextStream, repl
         for chunk in reply.opening():  # the role first, as OpenAI does
             yield reply.event(chunk)
         async for row, piece in iterate_in_threadpool(iter(text)):
-            for chunk in reply.pieces(row, piece):  # none for a request with tools: its calls are parsed at the end
+            for chunk in reply.pieces(row, piece):
                 yield reply.event(chunk)
         for chunk in reply.closing():
             yield reply.event(chunk)

@@ -13,15 +13,17 @@ import uuid
 
 from runtime.serve.choices import ChoiceText, TextStream
 from runtime.serve.logprobs import chat_logprobs, completion_logprobs
+from runtime.serve.toolstream import folded
 
 
 class Reply:
     """The bodies of one "chat" or "text" completion, over the TextStream that makes its choices."""
 
-    def __init__(self, kind: str, model: str, prompt_tokens: int, text: TextStream, calls=None):
-        """`calls`: for a request with tools, a choice's token ids -> (content, OpenAI tool_calls)
-        (runtime.serve.tools.parse); its text is then held back and parsed once the choice has ended."""
-        self.kind, self.model, self.prompt_tokens, self.text, self.calls = kind, model, prompt_tokens, text, calls
+    def __init__(self, kind: str, model: str, prompt_tokens: int, text: TextStream, reader=None):
+        """`reader`: for a request with tools, makes a choice's ReplyReader (runtime.serve.toolstream),
+        which reads its tokens into content, reasoning and tool-call deltas as they arrive."""
+        self.kind, self.model, self.prompt_tokens, self.text = kind, model, prompt_tokens, text
+        self.reader, self.readers = reader, {}
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.sent: dict[int, int] = {}  # characters of each choice handed out: a completion's text_offset
@@ -60,13 +62,25 @@ class Reply:
         return body | {"usage": self.usage()}
 
     def _message(self, row: ChoiceText) -> tuple[dict, str | None]:
-        """A chat choice's message and finish reason: with tools, what the parser read in its tokens."""
-        if self.calls is None:
+        """A chat choice's message and finish reason: with tools, what its reader read in its tokens."""
+        if self.reader is None:
             return {"role": "assistant", "content": row.content}, row.finish_reason
-        content, calls = self.calls(row.pieces.ids)
-        if not calls:
-            return {"role": "assistant", "content": content or ""}, row.finish_reason
-        return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+        reader = self._reader(row)
+        message = folded(reader.finish(row.pieces.ids))
+        if "tool_calls" not in message:
+            message["content"] = message["content"] or ""
+        return message, self._finish(row, message)
+
+    def _reader(self, row: ChoiceText):
+        """The row's ReplyReader: one a row, which greedy copies share."""
+        if id(row) not in self.readers:
+            self.readers[id(row)] = self.reader()
+        return self.readers[id(row)]
+
+    @staticmethod
+    def _finish(row: ChoiceText, said: dict) -> str | None:
+        """A choice that ended on its own having called finishes with "tool_calls"; a call cut short, "length"."""
+        return "tool_calls" if said.get("tool_calls") and row.finish_reason == "stop" else row.finish_reason
 
     def _remaining(self) -> dict[int, list]:
         """Each row's tokens not yet handed out, by id(row): greedy copies share their row's."""
@@ -80,29 +94,33 @@ class Reply:
 
     def pieces(self, row: int, piece: str) -> list[dict]:
         """The chunks of one row's new text: one per choice that row makes (greedy copies share it)."""
-        if self.calls is not None:  # held back: a call's markup must not reach the client as content
-            return []
         choice = self.text.rows[row]
+        if self.reader is not None:
+            return self._read(choice, self._reader(choice).feed(choice.pieces.ids))
         scored = choice.taken()
         return [self._piece(index, choice, piece, scored) for index, c in self.text.choices if c is choice]
 
     def closing(self) -> list[dict]:
         """Each choice's last chunk, with its finish reason (and the logprobs of text held back to the end)."""
+        if self.reader is not None:
+            ends = [(row, self._reader(row).finish(row.pieces.ids)) for row in self.text.rows]
+            return [chunk for row, deltas in ends for chunk in self._read(row, deltas, last=True)]
         scored = self._remaining()
-        if self.calls is not None:
-            return [chunk for index, row in self.text.choices for chunk in self._parsed(index, row, scored[id(row)])]
         return [self._piece(index, row, None, scored[id(row)]) for index, row in self.text.choices]
 
-    def _parsed(self, index: int, row: ChoiceText, scored: list) -> list[dict]:
-        """A tool request's choice, streamed once it has ended: its content, each call as a tool_calls
-        delta (the whole arguments in one), and the finish."""
-        message, finish = self._message(row)
-        chunks = [self._delta(index, {"content": message["content"]}, self._logprobs(index, row.content, scored))]
-        chunks += [
-            self._delta(index, {"tool_calls": [{"index": k} | call]})
-            for k, call in enumerate(message.get("tool_calls", []))
-        ]
-        return chunks + [self._delta(index, {}, finish=finish)]
+    def _read(self, row: ChoiceText, deltas: list[dict], last: bool = False) -> list[dict]:
+        """A tool request's chunks of `deltas`, what the row's reader let out (markup that may still turn
+        into a call is held back), for each choice the row makes; the tokens' logprobs ride on the first
+        chunk that follows them, and `last` adds the finish."""
+        scored = row.taken() if deltas or last else []  # copies share the row's tokens: taken once, sent to each
+        said = {"tool_calls": self._reader(row).calls}
+        chunks = []
+        for index in (i for i, c in self.text.choices if c is row):
+            logprobs = self._logprobs(index, "", scored) if scored else None
+            chunks += [self._delta(index, delta, logprobs if k == 0 else None) for k, delta in enumerate(deltas)]
+            if last:
+                chunks.append(self._delta(index, {}, None if deltas else logprobs, self._finish(row, said)))
+        return chunks
 
     def _piece(self, index: int, row: ChoiceText, piece: str | None, scored: list) -> dict:
         logprobs = self._logprobs(index, piece or "", scored) if piece is not None or scored else None

@@ -4,15 +4,14 @@ transformers' own response templates.
 Owns: checking that a bundle can take tools (its chat template renders them, and transformers knows
 how its model writes a call: the tokenizer's `response_template`, else transformers' fallback for the
 model type), the grammar that holds `tool_choice` "required" or a named function to a call whose
-arguments follow the tool's parameter schema (llguidance, runtime.generation.grammar), and parsing a
-reply into OpenAI's `tool_calls`. Constrained calls are built for the `<tool_call>{json}</tool_call>`
-format (Qwen 2.5/3, Hermes, SmolLM2); other formats take `auto` only.
+arguments follow the tool's parameter schema (llguidance, runtime.generation.grammar). Reading a
+reply into OpenAI's `tool_calls` is runtime.serve.toolstream's. Constrained calls are built for the
+`<tool_call>{json}</tool_call>` format (Qwen 2.5/3, Hermes, SmolLM2); other formats take `auto` only.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 
 from runtime import compat
 from runtime.errors import InvalidInputError
@@ -59,22 +58,3 @@ def _call_schema(function: dict) -> dict:
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
-
-
-def parse(rt, generated: list[int], prefix: str, tools: list[dict]) -> tuple[str | None, list[dict]]:
-    """A reply's (content, OpenAI tool_calls) as transformers' response template reads them after the
-    prompt's text `prefix`."""
-    parsed = rt.tokenizer.parse_response(generated, response_template(rt), prefix=prefix, tools=tools)
-    calls = []
-    for call in parsed.get("tool_calls") or []:
-        function = call["function"]
-        arguments = function["arguments"]
-        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": function["name"], "arguments": arguments},
-            }
-        )
-    return parsed.get("content"), calls

@@ -348,12 +348,15 @@ def _called(reply_or_chunks, stream: bool) -> tuple[list, str]:
         choice = reply_or_chunks.choices[0]
         calls = choice.message.tool_calls or []
         return [(c.function.name, c.function.arguments) for c in calls], choice.finish_reason
-    calls, finish = [], None
+    calls, finish = {}, None  # index -> [name, arguments], each joined from its deltas as OpenAI's clients do
     for chunk in reply_or_chunks:
         for choice in chunk.choices:
-            calls += [(c.function.name, c.function.arguments) for c in choice.delta.tool_calls or []]
+            for part in choice.delta.tool_calls or []:
+                call = calls.setdefault(part.index, ["", ""])
+                call[0] += part.function.name or ""
+                call[1] += part.function.arguments or ""
             finish = choice.finish_reason or finish
-    return calls, finish
+    return [tuple(calls[i]) for i in sorted(calls)], finish
 
 
 def test_required_and_named_tool_choices_give_calls_whose_arguments_validate_20_of_20(qwen):
@@ -373,6 +376,21 @@ def test_required_and_named_tool_choices_give_calls_whose_arguments_validate_20_
         jsonschema.validate(
             json.loads(arguments), WEATHER if name == "get_weather" else TOOLS[1]["function"]["parameters"]
         )
+
+
+def test_a_streamed_call_arrives_as_it_is_written_and_matches_the_whole_reply(qwen):
+    """The call's id and name first, then its arguments in pieces; joined, the same call as the same
+    seeded request gives unstreamed; every token's logprob rides on the chunk that follows it."""
+    ask = {"model": MODEL, "messages": QUESTION, "tools": TOOLS, "temperature": 1.0, "max_tokens": 96, "seed": 7}
+    ask |= {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "logprobs": True}
+    chunks = list(client(qwen).chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    parts = [part for chunk in chunks for c in chunk.choices for part in c.delta.tool_calls or []]
+    assert parts[0].id.startswith("call_") and parts[0].function.name == "get_weather" and len(parts) > 3
+    assert all(p.id is None and p.function.name is None for p in parts[1:])
+    scored = [lp for chunk in chunks for c in chunk.choices if c.logprobs for lp in c.logprobs.content]
+    assert len(scored) == chunks[-1].usage.completion_tokens
+    whole = client(qwen).chat.completions.create(**ask)
+    assert _called(chunks, True) == _called(whole, False) and len(whole.choices[0].logprobs.content) == len(scored)
 
 
 def test_auto_tool_choice_shows_what_the_model_does_and_none_gives_text(qwen):

@@ -1,0 +1,78 @@
+"""Reading a tool request's reply as it streams (runtime.serve.toolstream), on tiny-qwen3's tokenizer and
+transformers' response template for Qwen: token by token, the deltas fold to what transformers' own
+parse_response reads in the whole reply, and a call's name and arguments go out as they are written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime import compat
+from runtime.serve.toolstream import ReplyReader, _object_length, folded
+
+CALL = '{"name": "get_weather", "arguments": {"city": "Pa\\"ris }", "unit": "c", "n": [1, {"x": "]"}]}}'
+REPLIES = {
+    "content then a call": f"Let me check.\n<tool_call>\n{CALL}\n</tool_call><|im_end|>",
+    "two calls": '<tool_call>\n{"arguments": {"x": 1}, "name": "f"}\n</tool_call>\n<tool_call>\n'
+    '{"name": "g", "arguments": {}}\n</tool_call><|im_end|>',
+    "text only": "  plain text,\n\n only  <|im_end|>",
+    "reasoning": "<think>\nhmm\n</think>\n\nthe answer<|im_end|>",
+}
+
+
+@pytest.fixture(scope="module")
+def qwen(checkpoint):
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = checkpoint("tiny-qwen3")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = type("Model", (), {"config": AutoConfig.from_pretrained(folder)})
+    hello = [{"role": "user", "content": "hi"}]
+    prefix = tokenizer.apply_chat_template(hello, tokenize=False, add_generation_prompt=True)
+    return tokenizer, compat.response_template(tokenizer, model), prefix
+
+
+def _streamed(qwen, text: str) -> list[dict]:
+    """The deltas of `text`'s tokens fed one at a time, as the engine makes them."""
+    tokenizer, template, prefix = qwen
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    reader = ReplyReader(tokenizer, template, prefix, [])
+    deltas = [delta for n in range(1, len(ids)) for delta in reader.feed(ids[:n])]
+    return deltas + reader.finish(ids)
+
+
+@pytest.mark.parametrize("name", REPLIES)
+def test_streamed_deltas_fold_to_what_transformers_parses_in_the_whole_reply(qwen, name):
+    tokenizer, template, prefix = qwen
+    message = folded(_streamed(qwen, REPLIES[name]))
+    parsed = tokenizer.parse_response(REPLIES[name], template, prefix=prefix)
+    assert message.get("content") == parsed.get("content")
+    assert message.get("reasoning_content") == parsed.get("reasoning_content")
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls", [])]
+    assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.get("tool_calls", [])]
+    assert len({c["id"] for c in message.get("tool_calls", [])}) == len(calls)
+
+
+def test_a_json_call_goes_out_as_it_is_written_and_its_markup_never_as_content(qwen):
+    deltas = _streamed(qwen, REPLIES["content then a call"])
+    parts = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert parts[0]["function"] == {"name": "get_weather", "arguments": ""} and parts[0]["id"].startswith("call_")
+    assert len(parts) > 10 and all(set(p) == {"index", "function"} for p in parts[1:])  # piece by piece
+    assert "".join(p["function"]["arguments"] for p in parts) == CALL[CALL.index('{"city"') : -1]  # as written
+    assert "".join(d.get("content", "") for d in deltas) == "Let me check."
+
+
+def test_a_call_cut_short_keeps_what_was_written_and_a_broken_one_is_text(qwen):
+    cut = folded(_streamed(qwen, '<tool_call>\n{"name": "f", "arguments": {"city": "Pa'))
+    assert cut["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"city": "Pa'}
+    broken = folded(_streamed(qwen, "<tool_call>\nnot json\n</tool_call><|im_end|>"))
+    assert broken == {"role": "assistant", "content": "not json"}
+
+
+@pytest.mark.parametrize(
+    ("text", "length"),
+    [('{"a": "}"} tail', 10), ('{"a": [1, {"b": "\\"}"}]} x', 24), ('{"a": "open', 11), ("{}", 2)],
+)
+def test_object_length_skips_brackets_inside_strings(text, length):
+    assert _object_length(text) == length
