@@ -92,6 +92,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         "top_k=40, repetition_penalty=1.1 (repeat; `inspect` shows them; generate() takes them all, run and serve "
         "the sampling ones)",
     )
+    e.add_argument(
+        "--chat-template",
+        type=Path,
+        metavar="FILE",
+        help="a Jinja chat template the bundle carries over the checkpoint's (e.g. one that renders tools)",
+    )
+    e.add_argument(
+        "--response-template",
+        type=Path,
+        metavar="FILE",
+        help="JSON: how the model writes content and tool calls (transformers' response_template), for "
+        "tool calling on a model transformers knows no format for",
+    )
     e.add_argument("--sign-key", type=Path, help="sign the bundle with this elliptic-curve private key (PEM)")
     e.add_argument("--force", action="store_true", help="replace an existing bundle once the new one is complete")
     c = sub.add_parser(
@@ -201,7 +214,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _export(args) -> int:
-    from exporter import generation
+    from exporter import generation, templates
     from exporter.config import ExportConfig
     from exporter.export import export
     from exporter.progress import Progress
@@ -228,6 +241,8 @@ def _export(args) -> int:
         sign_key=args.sign_key,
         onnx=args.onnx,
         generation=generation.parse(args.generation),
+        chat_template=templates.read_chat(args.chat_template),
+        response_template=templates.read_response(args.response_template),
     )
     start = time.perf_counter()
     progress = Progress(

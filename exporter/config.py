@@ -46,6 +46,8 @@ class ExportConfig:
     sign_key: Path | None = None  # elliptic-curve private key (PEM): sign the bundle (runtime.format.signing)
     onnx: bool = False  # also write decode.onnx, the same step for ONNX Runtime (runtime.backends.onnxruntime)
     generation: tuple[tuple[str, object], ...] = ()  # defaults over the checkpoint's (exporter.generation)
+    chat_template: str | None = None  # Jinja text over the checkpoint's (exporter.templates)
+    response_template: str | None = None  # transformers' response-template JSON: how the model writes calls
     parity_steps: int = 8
 
     def __post_init__(self):

@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from exporter import attention as decode_attention
-from exporter import generation, kernels, quant_family, quantize
+from exporter import generation, kernels, quant_family, quantize, templates
 from exporter.accuracy import accuracy, reference
 from exporter.compat import package_metadata_and_constants
 from exporter.compile import compile_graph, export_decode, inductor_options, package_graphs
@@ -66,6 +66,7 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     with stage("load", f"loading {config.model}"), checkpoint_dir(config.model) as checkpoint:
         model, attention = load_model(checkpoint, config.dtype, config.device)  # refuses unsupported classes first
         preprocessor = _load_preprocessor(checkpoint)
+        templates.apply(preprocessor, config.chat_template, config.response_template)
         tokenizer = getattr(preprocessor, "tokenizer", preprocessor)
         defaults = generation.merged(model.generation_config, config.generation, text_config(model).vocab_size)
         float32 = model if config.dtype == "float32" else None  # a float32 export scores its own model

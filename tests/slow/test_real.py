@@ -10,6 +10,8 @@ the int4 accuracy figures below say little about int4 on a model trained in bf16
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,3 +120,57 @@ def test_real_checkpoint_quantized_accuracy(method, real_bundle):
     change = a.perplexity / a.reference_perplexity - 1
     assert change <= PERPLEXITY_WITHIN[method], f"perplexity {a.perplexity:.3f} vs {a.reference_perplexity:.3f}"
     assert a.greedy_agreement > 0.5
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_real_checkpoint_calls_tools_through_a_template_the_bundle_carries(real_bundle):
+    """SmolLM2's own template renders no tools; exported with a ChatML tool template and a response
+    template (tests/slow/templates), `auto` shows whatever the model does, parsed (a call whose arguments
+    are JSON, or text with no call markup left in it), and `required` always gives a call that validates."""
+    import jsonschema
+    import openai
+    from fastapi.testclient import TestClient
+
+    from runtime.serve.app import create_app
+    from runtime.serve.config import ServeConfig
+
+    folder = Path(__file__).parent / "templates"
+    out = real_bundle(
+        "smollm2-135m",
+        *("--gemv", "aten", "--no-accuracy"),
+        *("--chat-template", str(folder / "smollm2-tools.jinja")),
+        *("--response-template", str(folder / "chatml-tool-calls.json")),
+    )
+    app = create_app(load(out), ServeConfig(bundle=out, port=0, served_model_names=("m",)))
+    with TestClient(app) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http)
+        ask = {"model": "m", "tools": [WEATHER_TOOL], "max_tokens": 64, "temperature": 0}
+        question = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+        auto = client.chat.completions.create(messages=question, **ask).choices[0]
+        print(f"auto: finish {auto.finish_reason}, message {auto.message.model_dump(exclude_none=True)}")
+        if auto.message.tool_calls:
+            assert auto.finish_reason == "tool_calls"
+            assert all(isinstance(json.loads(c.function.arguments), dict) for c in auto.message.tool_calls)
+        else:
+            assert "<tool_call>" not in (auto.message.content or "")
+        for stream in (False, True):
+            reply = client.chat.completions.create(messages=question, tool_choice="required", stream=stream, **ask)
+            parts = [p for c in reply for ch in c.choices for p in ch.delta.tool_calls or []] if stream else None
+            call = reply.choices[0].message.tool_calls[0].function if not stream else None
+            name = call.name if call else parts[0].function.name
+            arguments = call.arguments if call else "".join(p.function.arguments or "" for p in parts)
+            assert name == "get_weather", name
+            jsonschema.validate(json.loads(arguments), WEATHER_TOOL["function"]["parameters"])

@@ -76,3 +76,18 @@ def test_a_call_cut_short_keeps_what_was_written_and_a_broken_one_is_text(qwen):
 )
 def test_object_length_skips_brackets_inside_strings(text, length):
     assert _object_length(text) == length
+
+
+def test_constrained_calls_take_any_json_call_between_fixed_markers():
+    """`required` and named choices build their grammar from the template's markers: transformers' Qwen
+    template and a bundle's own of that kind; formats whose calls are not such JSON are left to `auto`."""
+    from transformers.cli.serving.utils import _RESPONSE_TEMPLATE_FALLBACKS
+
+    from runtime.serve.tools import _json_markup
+
+    qwen, qwen35, gemma4 = (table["fields"]["tool_calls"] for table in _RESPONSE_TEMPLATE_FALLBACKS.values())
+    assert _json_markup(qwen) == ("<tool_call>", "</tool_call>")
+    assert _json_markup(qwen35) is None and _json_markup(gemma4) is None  # XML parameters; unquoted keys
+    own = qwen | {"open_pattern": r"\s*<\|python_tag\|>", "close": "<|eom_id|>"}
+    assert _json_markup(own) == ("<|python_tag|>", "<|eom_id|>")
+    assert _json_markup(qwen | {"open_pattern": r"\s*<call\d>"}) is None  # more than one text opens it
