@@ -33,6 +33,9 @@ class LoadConfig:
     # Text prompts longer than this are prefilled a chunk per decode step, so a long prompt delays the other
     # requests' next tokens by one chunk at a time (None: whole prompts).
     prefill_chunk: int | None = None
+    # A finished one-row request's cache row keeps its tokens until a request needs the row, and a later
+    # prompt that starts the same way prefills only the rest (runtime.engine.prefix)
+    prefix_cache: bool = True
     backend: str = backends.DEFAULT  # runtime.backends: "aoti", "onnxruntime" or "eager"
     prepack: bool = False  # onnxruntime: ONNX Runtime prepacks its weights, a second copy, faster to read
 
@@ -45,6 +48,8 @@ class LoadConfig:
         chunk = self.prefill_chunk
         if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
             raise InvalidInputError(f"prefill_chunk must be a positive number of tokens or None, got {chunk!r}")
+        if not isinstance(self.prefix_cache, bool):
+            raise InvalidInputError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
         entry = backends.entry(self.backend)
         if self.prepack and "prepack" not in entry.options:
             takes = [e.name for e in backends.REGISTRY if "prepack" in e.options]

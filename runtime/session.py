@@ -8,9 +8,9 @@ continues the cache). So a turn's output is exactly what a fresh `generate` over
 gives.
 
 When the template renders an earlier reply as other tokens than were generated (trimmed whitespace,
-say), the reusable prefix ends there. A row whose sliding-window ring has wrapped cannot step back
-more than one token (the older window was overwritten), so it is then prefilled again from the start;
-so is a turn whose new part holds an image (the continuing prefill is text only).
+say), the reusable prefix ends there. A row whose sliding-window ring has filled cannot step back (the
+older window was overwritten), so it is then prefilled again from the start; so is a turn whose new
+part holds an image (the continuing prefill is text only): runtime.engine.prefix has the rule.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.engine.prefix import reusable
 from runtime.errors import CacheOverflowError, InvalidInputError
 from runtime.generation.outputs import streamed
 from runtime.inputs import chat_inputs, conversation, user_message
-from runtime.model.images import holds_image
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Session:
 
     def _run(self, request, streamer, dropped: int) -> str:
         ids = request.input_ids  # (1, T)
-        reuse = self._reusable(ids, request.model_inputs)
+        reuse = self._reusable(ids)
         handle = self.rt.engine.submit(request, lease=self._lease, reuse=reuse)
         tokens = []
         try:
@@ -131,23 +131,13 @@ class Session:
     def _inputs(self) -> dict:
         return chat_inputs(self.rt, conversation(self.system, self.messages), self.parse_special)
 
-    def _reusable(self, ids: torch.Tensor, model_inputs: dict) -> int:
-        """How many leading tokens of `ids` the row holds already (at most all but the last, which the
-        decode step takes)."""
+    def _reusable(self, ids: torch.Tensor) -> int:
+        """How many leading tokens of `ids` the row holds already (runtime.engine.prefix: the images
+        among them are the conversation's own)."""
         held = self._lease.held
         if held is None:
             return 0
-        n = min(held.shape[1], ids.shape[1] - 1)
-        same = (held[0, :n] == ids[0, :n]).long()
-        common = int(same.cumprod(0).sum())
-        if common < held.shape[1] - 1 and self._ring_wrapped(held.shape[1]):
-            return 0
-        if "pixel_values" in model_inputs and holds_image(self.rt.model.config, ids[0, common:]):
-            return 0
-        return common
-
-    def _ring_wrapped(self, cached: int) -> bool:
-        return any(layer.window and cached > layer.slots for layer in self.rt.contract.layout)
+        return reusable(held, ids, self.rt.contract.layout, self.rt.model.config)
 
     def _drop_oldest_turn(self) -> bool:
         """Remove the oldest user turn and what answered it; False when only the newest is left."""

@@ -114,6 +114,12 @@ def _add_serve(sub) -> None:
     s.add_argument(
         "--prefill-chunk", type=int, default=PREFILL_CHUNK, help="prefill long prompts in chunks of N tokens; 0: whole"
     )
+    s.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="prefill every prompt whole (default: a finished request's row keeps its tokens, and a prompt "
+        "starting the same way prefills only the rest)",
+    )
     s.add_argument("--max-body-bytes", type=int, default=16 * 2**20, help="larger request bodies get 413")
     s.add_argument("--max-image-pixels", type=int, default=16 * 2**20, help="larger images are refused")
     s.add_argument(
@@ -225,7 +231,9 @@ def _serve(args) -> int:
         max_request_pixels=args.max_request_pixels, max_images=args.max_images, parse_special=args.parse_special,
         max_stops=args.max_stops, max_stop_chars=args.max_stop_chars,
         shutdown_grace=args.shutdown_grace, served_model_names=tuple(args.served_model_names or ()),
-        load=load_config(args, prefill_chunk=_prefill_chunk(args.prefill_chunk)),
+        load=load_config(
+            args, prefill_chunk=_prefill_chunk(args.prefill_chunk), prefix_cache=not args.no_prefix_cache
+        ),
     )  # fmt: skip
     if ray is None:
         serve(config)

@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from runtime.config import LoadConfig
-from runtime.engine import sampling
+from runtime.engine import prefix, sampling
 from runtime.engine.handle import Handle
 from runtime.engine.openmp import release_team
 from runtime.engine.request import Request, RequestState
@@ -42,12 +42,17 @@ class Engine:
         contract: DecodeContract,
         busy_timeout: float = LoadConfig.busy_timeout,
         prefill_chunk: int | None = LoadConfig.prefill_chunk,
+        prefix_cache: bool = LoadConfig.prefix_cache,
     ):
         """`model` prefills, `decode` (a backend's step over the same weights) decodes, `contract` sizes
         the cache. A request waits at most `busy_timeout` seconds for rows; with `prefill_chunk`, text
-        prompts longer than that are prefilled a chunk per step (None: whole prompts)."""
+        prompts longer than that are prefilled a chunk per step (None: whole prompts). With
+        `prefix_cache`, a finished one-row request's row keeps its tokens for later prompts that start
+        the same way (runtime.engine.prefix), until a request needs the row."""
         self.runner = Runner(model, decode, contract)
-        self.scheduler = Scheduler(contract.batch_size, busy_timeout, prefill_chunk)
+        reuse = self._reusable if prefix_cache else None
+        self.scheduler = Scheduler(contract.batch_size, busy_timeout, prefill_chunk, reuse)
+        self.layout, self.config = contract.layout, model.config
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self.steps = 0  # decode steps run, and the most requests one of them served
@@ -93,6 +98,11 @@ class Engine:
         with self._cond:
             self.scheduler.unlease(lease)
             self._cond.notify()  # a request may be waiting for that row
+
+    def clear_prefix_cache(self) -> None:
+        """Forget what free rows keep: the next prompts are prefilled whole (a cold start, say)."""
+        with self._cond:
+            self.scheduler.kept.clear()
 
     def stop_admitting(self) -> None:
         """New submissions raise EngineClosedError; what is queued or running carries on."""
@@ -181,8 +191,11 @@ class Engine:
             state.finish(FinishReason.CANCELLED)
         for state in plan.expired:
             state.finish(FinishReason.FAILED, self._busy())
+        copies = {id(state): source for state, source in plan.copied}
         for state in plan.admitted:
             try:
+                if id(state) in copies:  # the kept row's prefix, in the request's own row
+                    self.runner.copy(copies[id(state)], state.rows)
                 self._begin(state)
             except BaseException as e:  # this request fails alone (see _step)
                 self._end(state, FinishReason.FAILED, e)
@@ -199,7 +212,9 @@ class Engine:
             self._step(decoding, width)
 
     def _begin(self, state: RequestState) -> None:
-        """Rows a request takes start clean, unless they hold its session's conversation."""
+        """Rows a request takes start clean, unless they hold its session's conversation or a prefix of
+        its prompt (the scheduler has set `fed` to what they hold)."""
+        state.reused = state.fed
         if state.fed == 0:
             self.runner.clear(state.rows)
         if state.status is Status.DECODING:  # the session's row holds the whole prompt but its last token
@@ -251,9 +266,19 @@ class Engine:
         if state.lease is not None:
             cached = self.runner.keep(state, failed=error is not None)
             state.lease.held = state.history[:, :cached] if cached else None
+        elif state.rows is not None and state.batch == 1 and self.scheduler.reuse is not None:
+            if cached := self.runner.keep(state, failed=error is not None):  # after a failure: nothing
+                with self._cond:
+                    self.scheduler.keep(state.rows.start, (state.history[:, :cached], state.images), cached)
         elif state.rows is not None:
             self.runner.release(state.rows, wipe=error is not None)  # after a failure nothing in it is trusted
         state.finish(reason, error)
+
+    def _reusable(self, state: RequestState, kept: tuple[torch.Tensor, tuple[str, ...]]) -> int:
+        """The prefix cache's rule (runtime.engine.prefix): prompt tokens of a one-row request that a
+        free row keeping `kept` (its tokens (1, T), its images' digests) holds."""
+        held, images = kept
+        return prefix.reusable(held, state.request.input_ids, self.layout, self.config, images == state.images)
 
     def _busy(self) -> RuntimeBusyError:
         s = self.scheduler

@@ -33,6 +33,12 @@ class Handle:
         return self._state.submitted
 
     @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens its rows already held when it was admitted (a session's row, or the prefix
+        cache's): not prefilled."""
+        return self._state.reused
+
+    @property
     def times(self) -> list[float]:
         """time.monotonic() of each step's tokens, as the engine produced them."""
         return self._state.times

@@ -30,6 +30,7 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 
+from runtime.engine.prefix import image_digests
 from runtime.engine.sampling import next_token
 from runtime.engine.status import FinishReason, Status
 
@@ -94,6 +95,8 @@ class RequestState:
         self.status = Status.WAITING
         self.rows: slice | None = None  # its cache rows, one per sequence, while it holds them
         self.fed = reuse  # prompt tokens in the cache: with a lease, those its row already holds
+        self.reused = 0  # prompt tokens its rows held when it was admitted: not prefilled (the engine sets it)
+        self.images = image_digests(request.model_inputs)  # for the prefix cache: same images, same prefix
         self.cancel_requested = False
         self.submitted = time.monotonic()
         self.times: list[float] = []  # time.monotonic() of each step's tokens, as the engine produced them

@@ -57,14 +57,18 @@ class Runner:
 
     def move(self, state: RequestState, source: slice) -> None:
         """A decoding request moved from rows `source` to `state.rows` (disjoint, lower): its cache,
-        positions and next token go with it (a few ms for a 2,048-slot Gemma 3 row); the rows it left
-        are idle, and cleared when a request takes them."""
+        positions and next token go with it (a few ms for a 2,048-slot Gemma 3 row), and what the rows it
+        took held (idle, or a prefix kept for later prompts, parked) goes to the rows it left: they
+        trade places."""
         target = state.rows
+        for t in (*self.kv, self.tokens):
+            t[target], t[source] = t[source].clone(), t[target].clone()
+        self.positions.swap(source, target)
+
+    def copy(self, source: slice, target: slice) -> None:
+        """Rows `target` start as copies of the caches of rows `source` (a prefix they share)."""
         for t in self.kv:
             t[target] = t[source]
-        self.positions.move(source, target)
-        self.tokens[target] = self.tokens[source]
-        self.tokens[source] = 0
 
     def prefill(self, piece: Piece) -> torch.Tensor | None:
         """Put prompt tokens [start, end) in the request's rows: from an empty cache through the model's
@@ -126,10 +130,11 @@ class Runner:
         self.tokens[state.rows] = token[:, None]
 
     def keep(self, state: RequestState, failed: bool) -> int:
-        """A session's turn ended in its leased row: how many tokens of its history the row's cache holds
-        (all but the last chosen token, which was never fed), parked where the next turn writes first,
-        so the steps of other requests over it change nothing it keeps. A failed turn leaves nothing
-        trusted (0)."""
+        """A request ended in a row that keeps what it holds (a session's leased row, or a row of the
+        prefix cache): how many tokens of its history the row's cache holds (all but the last chosen
+        token, which was never fed), parked where the next request there writes first, so the steps of
+        other requests over it change nothing before it (runtime.engine.prefix: a ring's next slot is
+        the exception). A failed request leaves nothing trusted (0)."""
         if failed:
             cached = 0
         elif state.status is Status.DECODING:

@@ -1,6 +1,7 @@
 """Which request runs where, and what each engine iteration does: pure Python, no model, no tensors.
 
-Owns: the bundle's B cache rows and who holds each (a request, a session's lease, or nobody); the queue
+Owns: the bundle's B cache rows and who holds each (a request, a session's lease, or nobody), and what
+a free row's cache still holds (a finished request's tokens: the prefix cache); the queue
 of requests waiting for rows, in arrival order, with its bound and the busy timeout; cancellations;
 and each iteration's plan: whom to release, whom to admit into which rows, and which prompt pieces to
 prefill. It reads and sets only plain fields of a request's state (`State` below, as
@@ -12,6 +13,11 @@ The policy:
 - a request takes the lowest run of free adjacent rows it needs (its prefill runs over a view of the
   cache, so its rows are one block), or its session's leased row; and a decoding request holding the
   furthest row moves down into free rows below it, so the stepped batch shrinks with the load;
+- prefix cache: a finished one-row request's row keeps its tokens' keys and values (`Kept`) while the
+  row is free. A one-row request takes the free row whose kept tokens it can reuse most of (the engine
+  says how many: `reuse`), and prefills only the rest; any other request takes rows that keep nothing
+  if it can, else evicts the least recently used; moving a request down never evicts one. Rows that
+  rows hold, running requests' and leases' alike, are never touched;
 - requests are admitted in arrival order, so a large request is not overtaken forever; one that found
   no rows within `busy_timeout` seconds expires;
 - each admitted request gets its first prompt piece at once; besides, the oldest request still
@@ -53,6 +59,16 @@ class Lease:
     held: object = None
 
 
+@dataclass(eq=False)
+class Kept:
+    """What a free row's cache holds from the request that last ran there: `tokens` for the engine to
+    compare prompts with (the scheduler never reads them), how many, and when it was kept."""
+
+    tokens: object
+    length: int
+    used: int
+
+
 @dataclass(frozen=True)
 class Piece:
     """Prefill the prompt tokens [start, end) of a request into its rows."""
@@ -70,6 +86,9 @@ class Plan:
     dropped: list[State] = field(default_factory=list)  # cancelled while waiting: nothing to free
     expired: list[State] = field(default_factory=list)  # waited past busy_timeout
     admitted: list[State] = field(default_factory=list)  # now hold rows; their rows start clean
+    # admitted requests whose row starts as a copy of a kept row's (state, that row): a prefix of their
+    # prompt, which the kept row goes on keeping
+    copied: list[tuple[State, slice]] = field(default_factory=list)
     # decoding requests moved down into free rows (state, the rows it left): their cache goes with them
     moved: list[tuple[State, slice]] = field(default_factory=list)
     prefill: list[Piece] = field(default_factory=list)
@@ -82,8 +101,11 @@ class Plan:
 class Scheduler:
     """Not thread-safe: the engine calls it under its own lock."""
 
-    def __init__(self, rows: int, busy_timeout: float, prefill_chunk: int | None = None):
+    def __init__(self, rows: int, busy_timeout: float, prefill_chunk: int | None = None, reuse=None):
+        """`reuse(state, kept_tokens) -> int`: how many of a request's prompt tokens a row keeping
+        `kept_tokens` already holds (None: no prefix cache)."""
         self.owners: list[State | Lease | None] = [None] * rows
+        self.reuse, self.kept, self.clock = reuse, {}, 0  # kept: row -> Kept, for free rows only
         self.busy_timeout = busy_timeout
         self.prefill_chunk = prefill_chunk
         self.waiting: deque[State] = deque()
@@ -167,6 +189,12 @@ class Scheduler:
         self.running.remove(state)
         self._own(state.rows, state.lease)
 
+    def keep(self, row: int, tokens: object, length: int) -> None:
+        """A free row's cache holds `length` tokens (`tokens`: the engine's record of them) for later prompts."""
+        if self.reuse is not None and self.owners[row] is None:
+            self.clock += 1
+            self.kept[row] = Kept(tokens, length, self.clock)
+
     @property
     def idle(self) -> bool:
         return not self.running and not self.waiting
@@ -188,7 +216,7 @@ class Scheduler:
             if state.cancel_requested:
                 plan.dropped.append(self.waiting.popleft())
                 continue
-            rows = state.lease.rows if state.lease is not None else self._free_rows(state.batch)
+            rows = state.lease.rows if state.lease is not None else self._rows_for(state, plan)
             if rows is None:  # in arrival order: a large request is not overtaken forever
                 self._expire(plan, now)
                 return
@@ -202,17 +230,21 @@ class Scheduler:
         """Keep the requests in the lowest rows, so that the decode step computes as few as the load
         needs (the smallest graph covering them): while the request holding the furthest row is
         decoding, owns its rows (no session's lease) and free rows below it would hold it, it moves
-        there. Only a request ending below another frees such rows, so moves are rare."""
+        there. Only a request ending below another frees such rows, so moves are rare. The rows trade
+        places (runtime.engine.runner.Runner.move): what the lower rows kept goes up, still kept."""
         while self.running:
             top = max(self.running, key=lambda s: s.rows.stop)
             if top.status is not Status.DECODING or top.lease is not None:
                 return
-            rows = self._free_rows(top.batch)
+            rows = self._free_rows(top.batch, spare_kept=False)
             if rows is None or rows.start >= top.rows.start:
                 return
             plan.moved.append((top, top.rows))
+            kept = {top.rows.start + row - rows.start: self.kept.pop(row) for row in range(rows.start, rows.stop)
+                    if row in self.kept}  # fmt: skip
             self._own(top.rows, None)
             self._own(rows, top)
+            self.kept |= kept
             top.rows = rows
 
     def _expire(self, plan: Plan, now: float) -> None:
@@ -226,14 +258,40 @@ class Scheduler:
             end = min(start + self.prefill_chunk, end)
         return Piece(state, start, end)
 
-    def _free_rows(self, count: int) -> slice | None:
-        """The lowest `count` adjacent free rows."""
-        run = 0
-        for row, owner in enumerate(self.owners):
-            run = run + 1 if owner is None else 0
-            if run == count:
-                return slice(row + 1 - count, row + 1)
-        return None
+    def _rows_for(self, state: State, plan: Plan) -> slice | None:
+        """A waiting request's rows: for one row, the free row keeping the most of its prompt (setting
+        `fed` to what it reuses), or a copy of it in a row keeping nothing when it reuses only part of
+        what that row keeps (which then goes on keeping it); else the lowest free rows, evicting the
+        least recently used if need be."""
+        if state.batch == 1 and self.kept:
+            reuse, row = max((self.reuse(state, kept.tokens), -row) for row, kept in self.kept.items())
+            if reuse > 0:
+                state.fed, source = reuse, slice(-row, 1 - row)
+                empty = self._free_rows(1, spare_kept=True)
+                if reuse < self.kept[-row].length and empty is not None and empty.start not in self.kept:
+                    plan.copied.append((state, source))
+                    return empty
+                return source
+        return self._free_rows(state.batch)
+
+    def _free_rows(self, count: int, spare_kept: bool = True) -> slice | None:
+        """The lowest `count` adjacent free rows; with `spare_kept`, the lowest that keep nothing, failing
+        that the run whose most recently used kept row is the oldest (least recently used first out)."""
+        runs = []
+        for start in range(len(self.owners) - count + 1):
+            rows = range(start, start + count)
+            if all(self.owners[r] is None for r in rows):
+                kept = [self.kept[r].used for r in rows if r in self.kept]
+                if not kept or not spare_kept:
+                    return slice(start, start + count)
+                runs.append((max(kept), start))
+        if not runs:
+            return None
+        start = min(runs)[1]
+        return slice(start, start + count)
 
     def _own(self, rows: slice, owner) -> None:
         self.owners[rows] = [owner] * (rows.stop - rows.start)
+        for row in range(rows.start, rows.stop):
+            if owner is not None:
+                self.kept.pop(row, None)  # a row taken by a request or a lease: what it kept is overwritten

@@ -50,11 +50,10 @@ class RowPositions:
         self.position[rows] = prompt_positions(attention_mask)[:, -1:] - (seq - fed)
         self.index[rows] = fed - 1
 
-    def move(self, source: slice, target: slice) -> None:
-        """Rows `target` take over where rows `source` stand (a request moved down); `source` goes idle."""
+    def swap(self, source: slice, target: slice) -> None:
+        """Rows `source` and `target` trade where they stand (a request moved down, runtime.engine.runner)."""
         for t in (self.pad_mask, self.position, self.index):
-            t[target] = t[source]
-        self.idle(source)
+            t[target], t[source] = t[source].clone(), t[target].clone()
 
     def advance(self, active: torch.Tensor) -> None:
         """Admit one more token in each `active` row ((B,) bool): the step inputs move on by one."""

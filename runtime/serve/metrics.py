@@ -1,6 +1,7 @@
 """Prometheus metrics of one server, in a registry of its own (two apps in one process stay apart).
 
-Owns: requests by endpoint and status, prompt and generated tokens, queue depth and cache rows in use
+Owns: requests by endpoint and status, prompt and generated tokens, prefix-cache hits and the prompt
+tokens they skipped, queue depth and cache rows in use
 (read from the engine when scraped), and histograms of time to first token and inter-token latency
 (from the engine's own token times, runtime.engine.request).
 """
@@ -20,6 +21,12 @@ class Metrics:
         )
         self.prompt_tokens = Counter("aotpack_prompt_tokens", "prompt tokens of admitted requests", registry=r)
         self.generated_tokens = Counter("aotpack_generated_tokens", "tokens generated", registry=r)
+        self.cache_hits = Counter(
+            "aotpack_prefix_cache_hits", "requests that found part of their prompt in the cache", registry=r
+        )
+        self.cached_tokens = Counter(
+            "aotpack_prefix_cache_tokens", "prompt tokens found in the cache, not prefilled", registry=r
+        )
         queue = Gauge("aotpack_queue_depth", "requests waiting for cache rows", registry=r)
         queue.set_function(lambda: engine.load[1])
         in_use = Gauge("aotpack_slots_in_use", "cache rows held by requests", registry=r)
@@ -36,6 +43,9 @@ class Metrics:
         """Record a request's tokens and latencies once it has ended."""
         times = handle.times
         self.prompt_tokens.inc(prompt_tokens)
+        if cached := handle.cached_tokens:
+            self.cache_hits.inc()
+            self.cached_tokens.inc(cached)
         self.generated_tokens.inc(len(times))
         if times:
             self.ttft.observe(times[0] - handle.submitted)

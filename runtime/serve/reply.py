@@ -44,8 +44,7 @@ class Reply:
     def usage(self) -> dict:
         done, prompt = self.text.completion_tokens, self.prompt_tokens
         usage = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
-        # every served prompt is prefilled whole (no prefix reuse across requests yet): none came from a cache
-        return usage | {"prompt_tokens_details": {"cached_tokens": 0}}
+        return usage | {"prompt_tokens_details": {"cached_tokens": self.text.handle.cached_tokens}}
 
     def whole(self) -> dict:
         """The whole reply, once every choice has ended."""

@@ -228,3 +228,90 @@ def test_the_request_holding_the_furthest_row_moves_down_into_free_rows():
     _run_prefill(s, s.plan(now=0))
     s.finish(d)
     assert s.plan(now=0).moved == []  # the furthest row is a session's: it stays
+
+
+def _shared(state, kept) -> int:
+    """A stand-in for the engine's rule: a kept record is the prompt length it shares with every request
+    whose `prompt` is at least that long (the engine compares token ids)."""
+    return kept if state.prompt > kept else 0
+
+
+def _finished_and_kept(s: Scheduler, r: Req, shared: int) -> None:
+    s.finish(r)
+    s.keep(r.rows.start, shared, shared)
+
+
+def test_a_one_row_request_takes_the_free_row_keeping_most_of_its_prompt_and_prefills_the_rest():
+    s = Scheduler(rows=4, busy_timeout=300, reuse=_shared)
+    done = [Req(prompt=p) for p in (5, 30, 12)]
+    for r in done:
+        s.add(r)
+    s.plan(now=0)
+    for r, shared in zip(done, (5, 30, 12), strict=True):
+        _finished_and_kept(s, r, shared)
+    r = Req(prompt=20)  # shares 12 with row 2 and 5 with row 0; row 1's 30 is longer than its prompt
+    s.add(r)
+    plan = s.plan(now=1)
+    assert r.rows == slice(2, 3) and r.fed == 12 and [(p.start, p.end) for p in plan.prefill] == [(12, 19)]
+    assert sorted(s.kept) == [0, 1]  # the row it took keeps nothing now; the others still do
+
+
+def test_a_request_sharing_nothing_takes_an_empty_row_and_else_evicts_the_least_recently_used():
+    s = Scheduler(rows=3, busy_timeout=300, reuse=_shared)
+    first = Req(prompt=9)
+    s.add(first)
+    s.plan(now=0)
+    _finished_and_kept(s, first, 50)
+    fresh = Req(prompt=9)  # shares nothing: the lowest row that keeps nothing, not row 0
+    s.add(fresh)
+    s.plan(now=1)
+    assert fresh.rows == slice(1, 2) and fresh.fed == 0 and list(s.kept) == [0]
+    other = Req(prompt=9)
+    s.add(other)
+    s.plan(now=2)
+    _finished_and_kept(s, other, 60)  # row 2, kept after row 0: row 0 is the least recently used
+    last = Req(prompt=9)
+    s.add(last)
+    s.plan(now=3)
+    assert last.rows == slice(0, 1) and list(s.kept) == [2]
+
+
+def test_a_decoding_request_moves_down_over_a_kept_row_and_the_kept_prefix_goes_up():
+    s = Scheduler(rows=2, busy_timeout=300, reuse=_shared)
+    low, high = Req(prompt=4), Req(prompt=4)
+    s.add(low)
+    s.add(high)
+    _run_prefill(s, s.plan(now=0))
+    _finished_and_kept(s, low, 3)
+    plan = s.plan(now=1)
+    assert plan.moved == [(high, slice(1, 2))] and high.rows == slice(0, 1)
+    assert list(s.kept) == [1] and s.kept[1].tokens == 3  # the runner swaps the rows' caches alike
+
+
+def test_a_lease_or_a_scheduler_without_reuse_keeps_nothing():
+    s = Scheduler(rows=2, busy_timeout=300, reuse=_shared)
+    r = Req(prompt=4)
+    s.add(r)
+    s.plan(now=0)
+    _finished_and_kept(s, r, 3)
+    lease = s.lease()  # the lowest free row, which kept something: the session overwrites it
+    assert lease.rows == slice(1, 2) and list(s.kept) == [0]  # a free row keeping nothing comes first
+    assert s.lease().rows == slice(0, 1) and not s.kept
+    plain = Scheduler(rows=1, busy_timeout=300)
+    plain.keep(0, 3, 3)
+    assert not plain.kept
+
+
+def test_a_request_reusing_part_of_a_kept_row_copies_it_into_an_empty_row_which_goes_on_keeping():
+    s = Scheduler(rows=3, busy_timeout=300, reuse=lambda state, kept: min(kept, state.prompt - 1))
+    done = Req(prompt=30)
+    s.add(done)
+    s.plan(now=0)
+    _finished_and_kept(s, done, 29)
+    part, whole = Req(prompt=9), Req(prompt=31)
+    s.add(part)
+    plan = s.plan(now=1)
+    assert part.rows == slice(1, 2) and part.fed == 8 and plan.copied == [(part, slice(0, 1))] and list(s.kept) == [0]
+    s.add(whole)  # extends all the row keeps: takes the row itself, nothing to copy
+    plan = s.plan(now=2)
+    assert whole.rows == slice(0, 1) and whole.fed == 29 and not plan.copied and not s.kept

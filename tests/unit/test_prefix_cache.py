@@ -1,0 +1,115 @@
+"""The prefix cache, in seconds: the engine over an eagerly run decode step (no compile).
+
+A finished request's row keeps its tokens; a later prompt starting the same way prefills only the rest.
+Whatever it reuses, every request must produce exactly what a lone HF `generate` produces for it,
+logits included, and it reuses only what is valid: within Gemma 3's ring (a window of 8 here) and with
+the same images.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import GREEDY, assert_each_matches_lone_generate, chat
+
+from runtime.engine.engine import Engine
+
+ROWS, CACHE = 2, 96
+SHORT = {"max_new_tokens": 3, "min_new_tokens": 3, "do_sample": False}
+
+
+@pytest.fixture(scope="module")
+def runtimes(eager_runtime):
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = eager_runtime(name, ROWS, CACHE)
+        return cache[name]
+
+    return get
+
+
+def _run(rt, engine: Engine, requests: list[tuple[dict, dict]]) -> list[int]:
+    """Each request alone, one after another on `engine`: its tokens and logits equal a lone HF generate;
+    returns how many prompt tokens each found in the cache."""
+    reused = []
+    for inputs, options in requests:
+        inputs = dict(inputs)
+        ids, mask = inputs.pop("input_ids"), inputs.pop("attention_mask", None)
+        handle = engine.submit(rt.request(ids, mask, None, **inputs, **options), want_logits=True)
+        tokens, logits = zip(*handle, strict=True)
+        result = (torch.stack(tokens, dim=1), torch.stack(logits, dim=1))
+        assert_each_matches_lone_generate(rt.model, [({"input_ids": ids, **inputs}, options, None)], [result])
+        reused.append(handle.cached_tokens)
+    return reused
+
+
+def _ids(*parts) -> dict:
+    return {"input_ids": torch.cat([torch.as_tensor(p).reshape(1, -1) for p in parts], dim=1)}
+
+
+def _history(rt, inputs: dict, options: dict) -> torch.Tensor:
+    """The tokens a row keeps after `inputs`: the prompt and what was generated, all but the last (1, T)."""
+    with torch.inference_mode():
+        out = rt.model.generate(**inputs, **options)
+    return out[:, :-1]
+
+
+def test_a_prompt_sharing_a_finished_requests_prefix_prefills_only_the_rest(runtimes):
+    rt = runtimes("tiny-llama")
+    torch.manual_seed(0)
+    system, first, second = (torch.randint(8, 300, (n,)) for n in (12, 5, 7))
+    a = _ids(system, first)
+    continued = _ids(_history(rt, a, GREEDY), second)  # the conversation's next turn
+    requests = [(a, GREEDY), (_ids(system, second), GREEDY), (continued, GREEDY), (a, GREEDY)]
+    reused = _run(rt, Engine(rt.model, rt.decode, rt.contract), requests)
+    # the shared system prompt; then the whole of the first request's row (prompt and reply, 17 + 23);
+    # then the same prompt again: all but its last token, which the decode step takes
+    assert reused == [0, 12, 40, 16]
+
+
+def test_without_the_prefix_cache_every_prompt_is_prefilled_whole(runtimes):
+    rt = runtimes("tiny-llama")
+    a = _ids(torch.arange(8, 25))  # past every special token id
+    assert _run(rt, Engine(rt.model, rt.decode, rt.contract, prefix_cache=False), [(a, SHORT), (a, SHORT)]) == [0, 0]
+
+
+def test_gemma3s_ring_is_reused_only_where_it_still_holds_the_prefix(runtimes):
+    """A window of 8: a row that has held 8 tokens or more has overwritten its oldest, so it serves only
+    a prompt extending all it holds (past the window, the logits still equal HF's); a row that has held
+    fewer serves any shared prefix."""
+    rt = runtimes("tiny-gemma3")
+    torch.manual_seed(1)
+    head, tail = torch.randint(8, 300, (6,)), torch.randint(8, 300, (5,))
+    a = _ids(head, tail)
+    engine = Engine(rt.model, rt.decode, rt.contract)
+    continued = _ids(_history(rt, a, GREEDY), tail)
+    assert _run(rt, engine, [(a, GREEDY), (_ids(head, tail.flip(0)), GREEDY), (continued, GREEDY)]) == [0, 0, 34]
+    small = Engine(rt.model, rt.decode, rt.contract)
+    short = _ids(head[:3])  # 3 tokens and 3 new: the row holds 5, inside the window
+    assert _run(rt, small, [(short, SHORT), (_ids(head[:3], tail), SHORT)]) == [0, 3]
+
+
+def test_a_prefix_holding_an_image_is_reused_only_with_the_same_image(runtimes):
+    """The image's placeholder tokens are the same for every image: a prompt extending all a row holds
+    reuses it with the same pixels, and is prefilled whole with other pixels."""
+    from PIL import Image
+
+    rt = runtimes("tiny-gemma3-vlm")
+    red, blue = Image.new("RGB", (40, 30), (200, 20, 20)), Image.new("RGB", (32, 32), (10, 10, 240))
+    content = [{"type": "image", "image": red}, {"type": "text", "text": "what is this"}]
+    first = chat(rt.processor, [[{"role": "user", "content": content}]])
+    held = _history(rt, first, SHORT)  # (1, T): what the row keeps
+
+    def continued(image) -> dict:
+        pixels = rt.processor.image_processor(image, return_tensors="pt")["pixel_values"]
+        grown = {"input_ids": torch.cat([held, held[:, -1:]], dim=1), "pixel_values": pixels}
+        grown["attention_mask"] = torch.ones_like(grown["input_ids"])
+        if "token_type_ids" in first:
+            grown["token_type_ids"] = (grown["input_ids"] == rt.model.config.image_token_id).long()
+        return grown
+
+    reused = _run(rt, Engine(rt.model, rt.decode, rt.contract), [(first, SHORT), (continued(blue), SHORT),
+                                                                 (continued(red), SHORT)])  # fmt: skip
+    assert reused == [0, 0, held.shape[1]]
