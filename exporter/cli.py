@@ -196,7 +196,18 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         help="with --serve --streams N: JSON-schema-constrained against free streams at 1 and N clients, beside "
         "llama-server's json_schema with --llama-server (writes structured.md)",
     )
-    b.add_argument("--long-prompt", type=int, default=512, help="--streams: tokens of the prompt admitted late")
+    b.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="with --serve --streams N: time to first token of requests sharing a --long-prompt system prompt, "
+        "aotpack serve with and without its prefix cache, beside llama-server with --llama-server (writes prefix.md)",
+    )
+    b.add_argument(
+        "--long-prompt",
+        type=int,
+        default=512,
+        help="--streams: tokens of the prompt admitted late; --prefix-cache: of the shared system prompt",
+    )
     b.add_argument("--prefill-chunk", type=int, default=32, help="--streams: chunk size for the chunked admission")
     return p, handlers | add_commands(sub)
 
@@ -299,6 +310,7 @@ def _bench(args) -> int:
         serve=args.serve,
         ray=args.ray,
         structured=args.structured,
+        prefix_cache=args.prefix_cache,
         onnx=args.onnx,
     )
     bench(config, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))

@@ -129,7 +129,7 @@ def _quantize(config: ExportConfig, model, plan: Quantization, progress: Progres
     with progress.stage("kernels", "choosing the quantized layers' kernels"):
         family = quant_family.choose(config, plan, shapes, progress.log)
     plan = quantize.plan(model, config.quant_spec(family.kernels), config.recipe, config.scale_search)
-    plan = replace(plan, kernel_rates=family.rates)
+    plan = replace(plan, kernel_rates=family.rates, kernel_noise=family.noise)
     with progress.stage("quantize", f"quantizing: {plan.method} {plan.recipe}, {plan.kernels} kernels"):
         quantize.quantize_model(model, plan)
     return plan, family

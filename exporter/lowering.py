@@ -29,6 +29,7 @@ dequantized once, for all B rows. Each graph's candidates are timed at its own b
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -167,6 +168,32 @@ def _tuned(shape: WeightShape, dtype, device: str, inductor_options: dict, batch
     kept = f"; {noisy}: kept the known-good {chosen}" if noisy else ""
     log(f"GEMV {shape.op} {shape.rows}x{shape.cols} at batch {batch}: {figures}{kept}")
     return Lowering(shape.op, shape.rows, shape.cols, str(dtype).removeprefix("torch."), chosen, rates, spread, noisy)
+
+
+def fastest(shape: WeightShape, dtype, device: str, inductor_options: dict, batch: int, log=print) -> str:
+    """The candidate `tune` keeps for `shape` at `batch` (a shape with one candidate keeps it untimed)."""
+    if len(CANDIDATES[shape.op]) == 1:
+        return next(iter(CANDIDATES[shape.op]))
+    return tune([shape], dtype, device, inductor_options, batch, log)[0].chosen
+
+
+@torch.inference_mode()
+def race(entrants: dict, dtype, device: str, batch: int) -> tuple[dict[str, float], str | None]:
+    """Kernels that read weights of different layouts, `entrants`: name -> (shape, candidate, Inductor
+    options), each on operands of its own layout, timed against each other in one interleaved run at
+    `batch`. Returns each one's rate (GB/s of its packed weight) and why the timing was noise (or None)."""
+    fns, sizes = {}, {}
+    torch.compiler.reset()
+    for name, (shape, candidate, options) in entrants.items():
+        args = _example(shape, _timed_rows(shape, dtype), dtype, device, batch)
+        fns[name], sizes[name] = (
+            functools.partial(_runnable(CANDIDATES[shape.op][candidate], options), *args),
+            _weight_bytes(args),
+        )
+    with float_environment_kept():
+        timed = interleaved_seconds(fns, threads=torch.get_num_threads())
+    rates = {name: round(sizes[name] / seconds / 1e9, 2) for name, seconds in timed.best.items()}
+    return rates, _noise(timed, cpu=device == "cpu")
 
 
 def _noise(timed: Interleaved, cpu: bool = True) -> str | None:

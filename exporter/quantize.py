@@ -92,6 +92,7 @@ def plan(model: nn.Module, spec: QuantSpec, recipe: str, scale_search: str) -> Q
         int8_paths=tuple(p for p in kept if p in linears or p == embed_path),
         scales=scale_search if spec.method == INT4 else "minmax",
         kernel_rates={},
+        kernel_noise=None,
     )
 
 

@@ -48,6 +48,7 @@ class BenchConfig:
     serve: bool = False  # `aotpack serve` against `transformers serve` (exporter.bench.serving), N = streams
     ray: bool = False  # with serve: alone and on Ray Serve with 1 and 2 replicas (exporter.bench.scaleout)
     structured: bool = False  # with serve: JSON-schema-constrained against free streams (exporter.bench.structured)
+    prefix_cache: bool = False  # with serve: time to first token under a shared system prompt (exporter.bench.prefix)
     onnx: bool = False  # the float32 bundle also decodes on ONNX Runtime (its decode.onnx), as two more systems
 
     def __post_init__(self):
@@ -73,6 +74,8 @@ class BenchConfig:
             raise BenchError("--ray compares servers: add --serve and --streams N")
         if self.structured and (not self.serve or self.ray):
             raise BenchError("--structured times constrained streams on a server: add --serve --streams N, no --ray")
+        if self.prefix_cache and (not self.serve or self.ray or self.structured):
+            raise BenchError("--prefix-cache times one server's first tokens: add --serve --streams N, no --ray")
         if self.streams is not None and (self.streams < 2 or len(self.variants) != 1):
             raise BenchError(
                 f"--streams needs N >= 2 and exactly one variant (one --dtype or --quantize), got "

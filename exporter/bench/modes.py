@@ -27,12 +27,14 @@ MODES = (
     Mode("serve", "exporter.bench.serving", "bench_serve", "serve.md"),
     Mode("ray", "exporter.bench.scaleout", "bench_ray", "ray.md"),
     Mode("structured", "exporter.bench.structured", "bench_structured", "structured.md"),
+    Mode("prefix", "exporter.bench.prefix", "bench_prefix", "prefix.md"),
 )
 
 
 def mode_of(config: BenchConfig) -> Mode:
-    """--ray, else --structured, else --serve, else --streams, else --contexts, else the batch-1 comparison."""
-    name = "ray" if config.ray else "structured" if config.structured else None
+    """--ray, else --structured, else --prefix-cache, else --serve, else --streams, else --contexts, else the
+    batch-1 comparison."""
+    name = "ray" if config.ray else "structured" if config.structured else "prefix" if config.prefix_cache else None
     name = name or ("serve" if config.serve else "streams" if config.streams is not None else None)
     name = name or ("contexts" if config.contexts else "batch1")
     return next(m for m in MODES if m.name == name)

@@ -32,8 +32,10 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # A format-6 manifest still reads: its quantization was Inductor's, uniform, with min/max scales.
 # 8: each GEMV lowering records its candidates' timing spread and whether the timing was judged noise
 # (`spread`, `noisy`); a format-6 or -7 manifest still reads, its timings taken as they were.
-FORMAT_VERSION = 8
-SUPPORTED_VERSIONS = frozenset({6, 7, 8})
+# 9: a quantized bundle records whether the timing behind its kernel family was judged noise
+# (`quantization.kernel_noise`); a format-6, -7 or -8 manifest still reads, its choice taken as made.
+FORMAT_VERSION = 9
+SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9})
 RECIPES = ("uniform", "sensitive", "mixed")
 SCALE_SEARCHES = ("minmax", "mse")
 _WHOLE_CACHE = "attends to the whole cache every step"
@@ -97,6 +99,7 @@ class Quantization:
     int8_paths: tuple[str, ...]  # modules (linears, the embedding) an int4 bundle's recipe holds at int8
     scales: str  # how int4 scales and mins were chosen: "minmax" (the group's range) or "mse" (searched)
     kernel_rates: dict[str, float]  # each family's weight read rate (GB/s) on the largest weight at export
+    kernel_noise: str | None  # why that timing was not trusted and the known-good family kept, or None
 
     def spec(self, path: str) -> QuantSpec:
         """The packing of the module at `path` (a linear or the embedding)."""
@@ -269,6 +272,8 @@ def _upgraded(raw: dict) -> dict:
         raw = _from_6(raw)
     if version in (6, 7):
         raw = _from_7(raw)
+    if version in (6, 7, 8):
+        raw = _from_8(raw)
     return raw
 
 
@@ -288,6 +293,12 @@ def _from_7(raw: dict) -> dict:
     if isinstance(graphs, list):
         graphs = [_lowerings_from_7(g) for g in graphs]
     return raw | {"graphs": graphs}
+
+
+def _from_8(raw: dict) -> dict:
+    """Format 8 judged no noise in the kernel-family timing: its choice stands as made."""
+    q = raw.get("quantization")
+    return raw | {"quantization": q | {"kernel_noise": None}} if isinstance(q, dict) else raw
 
 
 def _lowerings_from_7(graph):
@@ -343,6 +354,8 @@ def _quantization(raw) -> Quantization:
     if not all(isinstance(path, str) for listed in paths.values() for path in listed):
         raise TypeError("quantization linears and int8_paths must list module paths")
     _numbers(raw.get("kernel_rates"), "quantization kernel_rates")
+    if not isinstance(raw.get("kernel_noise"), (str, type(None))):
+        raise TypeError(f"quantization kernel_noise must be text or null, got {raw.get('kernel_noise')!r:.80}")
     return _record(Quantization, raw | {key: tuple(listed) for key, listed in paths.items()})
 
 

@@ -113,6 +113,7 @@ def _kernels(m: Manifest) -> str:
     q, n = m.quantization, m.native
     rates = ", ".join(f"{k} {v:.1f} GB/s" for k, v in q.kernel_rates.items())
     timed = f" (timed here: {rates})" if rates else " (chosen, not timed)"
+    timed += f"; {q.kernel_noise}: the known-good family kept" if q.kernel_noise else ""
     if n is None:
         return f"{q.kernels}: Inductor's dequantizing reductions, fp32 activations{timed}"
     return f"{q.kernels}: aotpack's {n.isa} kernels ({n.file}, {n.compiler}), int8 activations per block of 32{timed}"

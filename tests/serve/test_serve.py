@@ -120,7 +120,8 @@ def test_chat_equals_generate_with_and_without_streaming(serving, runtime):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == expected
     assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
-    assert whole.usage.prompt_tokens_details.cached_tokens == 0  # no prefix reuse across requests yet
+    # the same prompt again: its row kept all of it but the last token, which the decode step takes
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens - 1
 
 
 def test_completions_and_models(serving, runtime):
@@ -293,6 +294,18 @@ def test_the_structured_bench_times_free_and_constrained_streams_on_a_running_se
     f = figures({"loads": loads}, streams=2)
     assert [f[n]["json_prefix"] for n in (1, 2)] == [1, 2]
     assert not any("".join(t.split()).startswith('{"story"') for n in (1, 2) for t in loads[f"free@{n}"]["texts"])
+
+
+def test_the_prefix_cache_bench_times_first_tokens_under_a_shared_system_prompt(serving):
+    """`aotpack bench --serve --prefix-cache`'s measurement (exporter.bench.prefix) against this server:
+    the later requests report the shared system prompt as cached tokens."""
+    from exporter.bench.config import BenchConfig
+    from exporter.bench.prefix import LATER, measure
+
+    url, _ = serving(TEXT)
+    result = measure(url, MODEL, BenchConfig(dtypes=("float32",), serve=True, streams=2, long_prompt=30))
+    assert result["first_s"] > 0 and len(result["later_s"]) == LATER and result["ratio"] > 0
+    assert all(cached > 20 for cached in result["cached_tokens"][1:]), result["cached_tokens"]
 
 
 def test_n_greedy_choices_are_one_decode_and_sampled_ones_are_hfs_sequences(serving, runtime):
@@ -688,6 +701,24 @@ def test_a_client_that_hangs_up_on_a_whole_reply_frees_its_rows(serving, slow_st
     _wait(lambda: rt.engine.rows_in_use == 1)
     conn.close()  # before 120 tokens at 20 ms each
     _wait(lambda: rt.engine.rows_in_use == 0 and rt.engine.load == (0, 0), timeout=10)
+
+
+def test_a_shared_system_prompt_is_reported_as_cached_tokens_and_counted(serving, runtime):
+    """The second request's prompt starts as the first's did: it prefills only the rest, says how many
+    tokens it skipped in usage.prompt_tokens_details.cached_tokens, and /metrics counts the hit."""
+    url, _ = serving(TEXT)
+    system = {"role": "system", "content": "You are a careful assistant who answers in one short sentence."}
+    turns = [[system, {"role": "user", "content": question}] for question in ("Why is grass green?", "Hi!")]
+    first, second = (
+        client(url).chat.completions.create(model=MODEL, messages=t, max_tokens=3, temperature=0) for t in turns
+    )
+    template = runtime(TEXT).tokenizer.apply_chat_template
+    rendered = [template(t, add_generation_prompt=True, return_dict=True)["input_ids"] for t in turns]
+    shared = next(i for i, (a, b) in enumerate(zip(*rendered, strict=False)) if a != b)
+    assert second.usage.prompt_tokens_details.cached_tokens == shared > 10
+    assert second.usage.prompt_tokens == len(rendered[1])
+    metrics = fetch("GET", f"{url}/metrics")[2]
+    assert "aotpack_prefix_cache_hits_total" in metrics and "aotpack_prefix_cache_tokens_total" in metrics
 
 
 def test_health_readiness_and_metrics(serving):

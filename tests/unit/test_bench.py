@@ -119,6 +119,22 @@ def test_structured_is_refused_without_one_server_to_time(options):
         BenchConfig(dtypes=("float32",), structured=True, **options)
 
 
+def test_prefix_cache_report_puts_later_first_tokens_beside_the_first(tmp_path):
+    from exporter.bench.config import BenchConfig
+    from exporter.bench.modes import mode_of
+    from exporter.bench.prefix import write_prefix_report
+
+    assert mode_of(BenchConfig(dtypes=("float32",), serve=True, streams=2, prefix_cache=True)).report == "prefix.md"
+    with pytest.raises(BenchError, match="--prefix-cache times one server's first tokens"):
+        BenchConfig(dtypes=("float32",), prefix_cache=True)
+    server = {"server": "aotpack serve", "prompt_tokens": 1020, "first_s": 4.0, "later_median_s": 0.5, "ratio": 0.125}
+    server["cached_tokens"] = [0, 1000, 1000]
+    results = {"config": {"model": "smollm2-135m", "threads": 2, "streams": 2, "long_prompt": 1000,
+                          "max_cache_len": 2048}, "variant": "float32"}  # fmt: skip
+    write_prefix_report(results | {"machine": {"cpu": "AMD EPYC"}, "servers": [server]}, tmp_path)
+    assert "| aotpack serve | 1020 | 4.000 | 0.500 | 0.125× | 1000, 1000 |" in (tmp_path / "prefix.md").read_text()
+
+
 def test_structured_report_puts_each_server_constrained_beside_free(tmp_path):
     from exporter.bench.config import BenchConfig
     from exporter.bench.modes import mode_of

@@ -236,6 +236,14 @@ def _shared(state, kept) -> int:
     return kept if state.prompt > kept else 0
 
 
+def _admitted(s: Scheduler, prompt: int, now: float = 0) -> Req:
+    """A one-row request, added and planned for (admitted when rows are free)."""
+    r = Req(prompt=prompt)
+    s.add(r)
+    s.plan(now=now)
+    return r
+
+
 def _finished_and_kept(s: Scheduler, r: Req, shared: int) -> None:
     s.finish(r)
     s.keep(r.rows.start, shared, shared)
@@ -258,21 +266,11 @@ def test_a_one_row_request_takes_the_free_row_keeping_most_of_its_prompt_and_pre
 
 def test_a_request_sharing_nothing_takes_an_empty_row_and_else_evicts_the_least_recently_used():
     s = Scheduler(rows=3, busy_timeout=300, reuse=_shared)
-    first = Req(prompt=9)
-    s.add(first)
-    s.plan(now=0)
-    _finished_and_kept(s, first, 50)
-    fresh = Req(prompt=9)  # shares nothing: the lowest row that keeps nothing, not row 0
-    s.add(fresh)
-    s.plan(now=1)
+    _finished_and_kept(s, _admitted(s, 9), 50)
+    fresh = _admitted(s, 9, now=1)  # shares nothing: the lowest row that keeps nothing, not row 0
     assert fresh.rows == slice(1, 2) and fresh.fed == 0 and list(s.kept) == [0]
-    other = Req(prompt=9)
-    s.add(other)
-    s.plan(now=2)
-    _finished_and_kept(s, other, 60)  # row 2, kept after row 0: row 0 is the least recently used
-    last = Req(prompt=9)
-    s.add(last)
-    s.plan(now=3)
+    _finished_and_kept(s, _admitted(s, 9, now=2), 60)  # row 2, kept after row 0: row 0 is the least recently used
+    last = _admitted(s, 9, now=3)
     assert last.rows == slice(0, 1) and list(s.kept) == [2]
 
 
@@ -290,10 +288,7 @@ def test_a_decoding_request_moves_down_over_a_kept_row_and_the_kept_prefix_goes_
 
 def test_a_lease_or_a_scheduler_without_reuse_keeps_nothing():
     s = Scheduler(rows=2, busy_timeout=300, reuse=_shared)
-    r = Req(prompt=4)
-    s.add(r)
-    s.plan(now=0)
-    _finished_and_kept(s, r, 3)
+    _finished_and_kept(s, _admitted(s, 4), 3)
     lease = s.lease()  # the lowest free row, which kept something: the session overwrites it
     assert lease.rows == slice(1, 2) and list(s.kept) == [0]  # a free row keeping nothing comes first
     assert s.lease().rows == slice(0, 1) and not s.kept
@@ -304,10 +299,7 @@ def test_a_lease_or_a_scheduler_without_reuse_keeps_nothing():
 
 def test_a_request_reusing_part_of_a_kept_row_copies_it_into_an_empty_row_which_goes_on_keeping():
     s = Scheduler(rows=3, busy_timeout=300, reuse=lambda state, kept: min(kept, state.prompt - 1))
-    done = Req(prompt=30)
-    s.add(done)
-    s.plan(now=0)
-    _finished_and_kept(s, done, 29)
+    _finished_and_kept(s, _admitted(s, 30), 29)
     part, whole = Req(prompt=9), Req(prompt=31)
     s.add(part)
     plan = s.plan(now=1)

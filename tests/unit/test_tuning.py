@@ -89,3 +89,30 @@ def test_tuning_holds_under_load():
             p.join()
     assert loaded.chosen == idle.chosen or (loaded.noisy and loaded.chosen == KNOWN_GOOD[LINEAR]), (idle, loaded)
     assert idle.spread.keys() == idle.gb_per_s.keys()
+
+
+@pytest.mark.parametrize("noisy", [None, "the timing was noise (the export had 31% of its cores)"])
+def test_the_kernel_families_are_raced_and_noise_keeps_the_known_good_one(monkeypatch, noisy):
+    """`--quant-kernels auto` (exporter.quant_family): each family's fastest candidate, raced against the
+    other's at batch 1 and at the bundle's batch; the faster total wins unless a race was noise."""
+    from exporter import quant_family
+    from exporter.config import ExportConfig
+    from runtime.format.quant import INDUCTOR, INTEGER
+
+    raced = []
+
+    def race(entrants, dtype, device, batch):
+        raced.append((batch, {family: shape.op for family, (shape, _, _) in entrants.items()}))
+        return {INTEGER: 3.0, INDUCTOR: 5.0}, noisy if batch == 2 else None
+
+    monkeypatch.setattr(quant_family, "race", race)
+    monkeypatch.setattr(quant_family, "fastest", lambda shape, *a, **k: "first")
+    monkeypatch.setattr(quant_family.kernels, "build", lambda isa, log: "built")
+    config = ExportConfig(model="tiny-llama", out="unused", quantize="int8", batch_size=2)
+    plan = type("Plan", (), {"method": "int8", "group_size": None, "spec": lambda self, path: config.quant_spec(INTEGER)})
+    family = quant_family.choose(config, plan(), {"a": (64, 32), "b": (128, 32)}, log=lambda _: None)
+    assert [batch for batch, _ in raced] == [1, 2] and raced[0][1] == {INTEGER: "int8-dot", INDUCTOR: "int8"}
+    assert family.rates == {"integer@1": 3.0, "inductor@1": 5.0, "integer@2": 3.0, "inductor@2": 5.0}
+    assert family.kernels == (quant_family.KNOWN_GOOD if noisy else INDUCTOR) and family.noise == (
+        f"at batch 2, {noisy}" if noisy else None
+    )
