@@ -24,10 +24,13 @@ TURN = "Question {i}: in one sentence, what does the text above say about the ri
 NO_CACHE = "aotpack serve --no-prefix-cache"
 
 
+CHARS_PER_TOKEN = 4.7  # of this English text, for SmolLM2's and Gemma 3's tokenizers alike (about)
+
+
 def system_prompt(tokens: int) -> str:
-    """About `tokens` tokens (at ~4 characters a token) of the accuracy text, repeated as needed."""
-    text = " ".join(TEXT.split())
-    return ((text + " ") * (1 + 4 * tokens // len(text)))[: 4 * tokens]
+    """About `tokens` tokens of the accuracy text, repeated as needed (the report gives the real count)."""
+    text, chars = " ".join(TEXT.split()), int(CHARS_PER_TOKEN * tokens)
+    return ((text + " ") * (1 + chars // len(text)))[:chars]
 
 
 def first_token_s(url: str, model: str, prompt: str, new_tokens: int) -> tuple[float, dict | None]:
@@ -99,8 +102,9 @@ def markdown(results: dict) -> str:
     intro = (
         f"{results['machine']['cpu']}, {cfg['threads']} threads; streaming `/v1/completions`, greedy, 8 tokens each, "
         f"one client; a system prompt of about {cfg['long_prompt']} tokens shared by {1 + LATER} requests whose "
-        "user turns differ (about 20 tokens); time to the first text, from the client. Each server started "
-        f"fresh with {cfg['streams']} slots of {cfg['max_cache_len']} tokens."
+        "user turns differ (about 20 tokens; the prompts' own count is in the table); time to the first text, "
+        f"from the client. Each server started fresh with {cfg['streams']} slots of {cfg['max_cache_len']} tokens, "
+        "and answered two short unrelated requests first (the first request is not a cold start)."
     )
     title = f"# Prefix cache: a shared system prompt, {cfg['model']}, {results['variant']}"
     return "\n".join([title, "", intro, "", HEADER, *rows]) + "\n"

@@ -76,17 +76,42 @@ def test_a_request_that_waits_past_the_busy_timeout_expires():
     assert s.plan(now=6.0).expired == [late] and not s.waiting
 
 
-def test_text_prompts_are_prefilled_in_chunks_and_then_decode():
-    s = Scheduler(rows=2, busy_timeout=300, prefill_chunk=4)
-    r = Req(prompt=11)  # 10 tokens go into the cache, the 11th is the first decode step's
+def _decoding(s: Scheduler) -> Req:
+    """A request already decoding in the scheduler's lowest free row."""
+    r = Req(prompt=2)
     s.add(r)
+    _run_prefill(s, s.plan(now=0))
+    assert r.status is Status.DECODING
+    return r
+
+
+def _spans(s: Scheduler, r: Req) -> list[tuple[int, int]]:
+    """The pieces `r`'s prompt goes into the cache in, iteration by iteration, until it decodes."""
     spans = []
     while r.status is not Status.DECODING:
         plan = s.plan(now=0)
-        spans += [(p.start, p.end) for p in plan.prefill]
+        spans += [(p.start, p.end) for p in plan.prefill if p.state is r]
         _run_prefill(s, plan)
-    assert spans == [(0, 4), (4, 8), (8, 10)]
-    assert s.decoding() == ([r], 1)
+    return spans
+
+
+def test_text_prompts_are_prefilled_in_chunks_and_then_decode():
+    s = Scheduler(rows=2, busy_timeout=300, prefill_chunk=4)
+    other = _decoding(s)
+    r = Req(prompt=11)  # 10 tokens go into the cache, the 11th is the first decode step's
+    s.add(r)
+    assert _spans(s, r) == [(0, 4), (4, 8), (8, 10)]
+    assert s.decoding() == ([other, r], 2)
+
+
+def test_with_no_other_request_decoding_a_prompt_goes_in_chunks_of_solo_chunk():
+    """Chunks are for the other requests' sake: alone, a prompt goes in far larger ones (faster in all)."""
+    from runtime.engine.scheduler import SOLO_CHUNK
+
+    s = Scheduler(rows=2, busy_timeout=300, prefill_chunk=4)
+    r = Req(prompt=SOLO_CHUNK + 11)
+    s.add(r)
+    assert _spans(s, r) == [(0, SOLO_CHUNK), (SOLO_CHUNK, SOLO_CHUNK + 10)]
 
 
 def test_a_prompt_with_images_is_prefilled_whole_and_one_ending_in_an_image_token_includes_it():
@@ -109,6 +134,7 @@ def test_a_prompt_with_images_is_prefilled_whole_and_one_ending_in_an_image_toke
 
 def test_each_iteration_gives_new_requests_their_first_chunk_and_the_oldest_pending_one_more():
     s = Scheduler(rows=3, busy_timeout=300, prefill_chunk=2)
+    _decoding(s)
     old = Req(prompt=9)
     s.add(old)
     _run_prefill(s, s.plan(now=0))  # old: [0, 2)

@@ -109,7 +109,8 @@ def test_the_kernel_families_are_raced_and_noise_keeps_the_known_good_one(monkey
     monkeypatch.setattr(quant_family, "fastest", lambda shape, *a, **k: "first")
     monkeypatch.setattr(quant_family.kernels, "build", lambda isa, log: "built")
     config = ExportConfig(model="tiny-llama", out="unused", quantize="int8", batch_size=2)
-    plan = type("Plan", (), {"method": "int8", "group_size": None, "spec": lambda self, path: config.quant_spec(INTEGER)})
+    spec = config.quant_spec(INTEGER)
+    plan = type("Plan", (), {"method": "int8", "group_size": None, "spec": lambda self, path: spec})
     family = quant_family.choose(config, plan(), {"a": (64, 32), "b": (128, 32)}, log=lambda _: None)
     assert [batch for batch, _ in raced] == [1, 2] and raced[0][1] == {INTEGER: "int8-dot", INDUCTOR: "int8"}
     assert family.rates == {"integer@1": 3.0, "inductor@1": 5.0, "integer@2": 3.0, "inductor@2": 5.0}
