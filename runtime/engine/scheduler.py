@@ -16,8 +16,8 @@ The policy:
 - prefix cache: a finished one-row request's row keeps its tokens' keys and values (`Kept`) while the
   row is free. A one-row request takes the free row whose kept tokens it can reuse most of (the engine
   says how many: `reuse`), and prefills only the rest; any other request takes rows that keep nothing
-  if it can, else evicts the least recently used; moving a request down never evicts one. Rows that
-  rows hold, running requests' and leases' alike, are never touched;
+  if it can, else evicts the least recently used; moving a request down never evicts one. Rows held
+  by running requests or sessions' leases are never touched;
 - requests are admitted in arrival order, so a large request is not overtaken forever; one that found
   no rows within `busy_timeout` seconds expires;
 - each admitted request gets its first prompt piece at once; besides, the oldest request still
