@@ -191,6 +191,8 @@ class Engine:
             state.finish(FinishReason.CANCELLED)
         for state in plan.expired:
             state.finish(FinishReason.FAILED, self._busy())
+        for source, target in plan.relocated:  # before the rows they leave are cleared for a request
+            self.runner.swap(source, target)
         copies = {id(state): source for state, source in plan.copied}
         for state in plan.admitted:
             try:

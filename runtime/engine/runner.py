@@ -60,10 +60,13 @@ class Runner:
         positions and next token go with it (a few ms for a 2,048-slot Gemma 3 row), and what the rows it
         took held (idle, or a prefix kept for later prompts, parked) goes to the rows it left: they
         trade places."""
-        target = state.rows
+        self.swap(source, state.rows)
+
+    def swap(self, a: slice, b: slice) -> None:
+        """Rows `a` and `b` (disjoint, as long) trade caches, positions and next tokens."""
         for t in (*self.kv, self.tokens):
-            t[target], t[source] = t[source].clone(), t[target].clone()
-        self.positions.swap(source, target)
+            t[a], t[b] = t[b].clone(), t[a].clone()
+        self.positions.swap(a, b)
 
     def copy(self, source: slice, target: slice) -> None:
         """Rows `target` start as copies of the caches of rows `source` (a prefix they share)."""

@@ -15,9 +15,10 @@ The policy:
   furthest row moves down into free rows below it, so the stepped batch shrinks with the load;
 - prefix cache: a finished one-row request's row keeps its tokens' keys and values (`Kept`) while the
   row is free. A one-row request takes the free row whose kept tokens it can reuse most of (the engine
-  says how many: `reuse`), and prefills only the rest; any other request takes rows that keep nothing
-  if it can, else evicts the least recently used; moving a request down never evicts one. Rows held
-  by running requests or sessions' leases are never touched;
+  says how many: `reuse`), and prefills only the rest; any other request takes the lowest free rows,
+  and what they keep moves up into free rows that keep nothing (failing those, the least recently
+  kept rows are evicted); moving a request down never evicts one either. Rows held by running
+  requests or sessions' leases are never touched;
 - requests are admitted in arrival order, so a large request is not overtaken forever; one that found
   no rows within `busy_timeout` seconds expires;
 - each admitted request gets its first prompt piece at once; besides, the oldest request still
@@ -96,6 +97,9 @@ class Plan:
     # admitted requests whose row starts as a copy of a kept row's (state, that row): a prefix of their
     # prompt, which the kept row goes on keeping
     copied: list[tuple[State, slice]] = field(default_factory=list)
+    # kept prefixes moved out of the low rows an admitted request takes (from row, to row): the rows
+    # trade places first, so the request steps a graph no larger than it needs and the prefix stays
+    relocated: list[tuple[slice, slice]] = field(default_factory=list)
     # decoding requests moved down into free rows (state, the rows it left): their cache goes with them
     moved: list[tuple[State, slice]] = field(default_factory=list)
     prefill: list[Piece] = field(default_factory=list)
@@ -271,8 +275,7 @@ class Scheduler:
     def _rows_for(self, state: State, plan: Plan) -> slice | None:
         """A waiting request's rows: for one row, the free row keeping the most of its prompt (setting
         `fed` to what it reuses), or a copy of it in a row keeping nothing when it reuses only part of
-        what that row keeps (which then goes on keeping it); else the lowest free rows, evicting the
-        least recently used if need be."""
+        what that row keeps (which then goes on keeping it); else `_clear_rows`."""
         if state.batch == 1 and self.kept:
             reuse, row = max((self.reuse(state, kept.tokens), -row) for row, kept in self.kept.items())
             if reuse > 0:
@@ -282,7 +285,21 @@ class Scheduler:
                     plan.copied.append((state, source))
                     return empty
                 return source
-        return self._free_rows(state.batch)
+        return self._clear_rows(state.batch, plan)
+
+    def _clear_rows(self, count: int, plan: Plan) -> slice | None:
+        """The lowest `count` free rows, what they keep moved up into free rows keeping nothing (highest
+        first); without enough of those, the least recently used kept rows (evicted)."""
+        rows = self._free_rows(count, spare_kept=False)
+        displaced = [row for row in range(rows.start, rows.stop) if row in self.kept] if rows else []
+        spare = [r for r in reversed(range(len(self.owners))) if self.owners[r] is None and r not in self.kept
+                 and not rows.start <= r < rows.stop] if displaced else []  # fmt: skip
+        if len(spare) < len(displaced):
+            return self._free_rows(count)
+        for row, to in zip(displaced, spare, strict=False):
+            plan.relocated.append((slice(row, row + 1), slice(to, to + 1)))
+            self.kept[to] = self.kept.pop(row)
+        return rows
 
     def _free_rows(self, count: int, spare_kept: bool = True) -> slice | None:
         """The lowest `count` adjacent free rows; with `spare_kept`, the lowest that keep nothing, failing

@@ -290,14 +290,21 @@ def test_a_one_row_request_takes_the_free_row_keeping_most_of_its_prompt_and_pre
     assert sorted(s.kept) == [0, 1]  # the row it took keeps nothing now; the others still do
 
 
-def test_a_request_sharing_nothing_takes_an_empty_row_and_else_evicts_the_least_recently_used():
+def test_a_request_sharing_nothing_takes_the_lowest_row_whose_prefix_moves_up_else_the_lru_is_evicted():
+    """The lowest rows keep the stepped batch small: what a row there keeps moves to the highest row that
+    keeps nothing (the runner swaps them); with none left, the least recently kept row is evicted."""
     s = Scheduler(rows=3, busy_timeout=300, reuse=_shared)
     _finished_and_kept(s, _admitted(s, 9), 50)
-    fresh = _admitted(s, 9, now=1)  # shares nothing: the lowest row that keeps nothing, not row 0
-    assert fresh.rows == slice(1, 2) and fresh.fed == 0 and list(s.kept) == [0]
-    _finished_and_kept(s, _admitted(s, 9, now=2), 60)  # row 2, kept after row 0: row 0 is the least recently used
-    last = _admitted(s, 9, now=3)
-    assert last.rows == slice(0, 1) and list(s.kept) == [2]
+    fresh = Req(prompt=9)
+    s.add(fresh)
+    plan = s.plan(now=1)
+    assert fresh.rows == slice(0, 1) and fresh.fed == 0 and plan.relocated == [(slice(0, 1), slice(2, 3))]
+    assert list(s.kept) == [2] and s.kept[2].tokens == 50
+    _finished_and_kept(s, _admitted(s, 9, now=2), 60)  # row 1, kept after row 2's: row 2 is the least recently used
+    last = Req(prompt=9)
+    s.add(last)
+    plan = s.plan(now=3)
+    assert last.rows == slice(2, 3) and not plan.relocated and list(s.kept) == [1]
 
 
 def test_a_decoding_request_moves_down_over_a_kept_row_and_the_kept_prefix_goes_up():
