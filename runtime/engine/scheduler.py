@@ -274,18 +274,33 @@ class Scheduler:
 
     def _rows_for(self, state: State, plan: Plan) -> slice | None:
         """A waiting request's rows: for one row, the free row keeping the most of its prompt (setting
-        `fed` to what it reuses), or a copy of it in a row keeping nothing when it reuses only part of
-        what that row keeps (which then goes on keeping it); else `_clear_rows`."""
+        `fed` to what it reuses) when it extends all that row keeps; when it reuses only part, a copy of
+        it in the lowest free row, the kept row going on keeping it; else `_clear_rows`."""
         if state.batch == 1 and self.kept:
             reuse, row = max((self.reuse(state, kept.tokens), -row) for row, kept in self.kept.items())
             if reuse > 0:
-                state.fed, source = reuse, slice(-row, 1 - row)
-                empty = self._free_rows(1, spare_kept=True)
-                if reuse < self.kept[-row].length and empty is not None and empty.start not in self.kept:
-                    plan.copied.append((state, source))
-                    return empty
-                return source
+                state.fed, kept = reuse, self.kept[-row]
+                if reuse >= kept.length:  # it extends all the row keeps: it takes the row, moved down
+                    return self._lowered(-row, plan)
+                target = self._clear_rows(1, plan)  # the lowest row; the kept one may have moved up
+                source = next((r for r, k in self.kept.items() if k is kept), None)
+                if source is None or source == target.start:  # no row to move it to: the target holds it
+                    return target
+                plan.copied.append((state, slice(source, source + 1)))
+                return target
         return self._clear_rows(state.batch, plan)
+
+    def _lowered(self, row: int, plan: Plan) -> slice:
+        """Kept `row`, traded for the lowest free row if that is lower (what that one keeps goes up)."""
+        low = self._free_rows(1, spare_kept=False)
+        if low.start >= row:
+            return slice(row, row + 1)
+        plan.relocated.append((slice(row, row + 1), low))
+        displaced = self.kept.pop(low.start, None)
+        self.kept[low.start] = self.kept.pop(row)
+        if displaced is not None:
+            self.kept[row] = displaced
+        return low
 
     def _clear_rows(self, count: int, plan: Plan) -> slice | None:
         """The lowest `count` free rows, what they keep moved up into free rows keeping nothing (highest

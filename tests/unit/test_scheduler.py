@@ -286,8 +286,9 @@ def test_a_one_row_request_takes_the_free_row_keeping_most_of_its_prompt_and_pre
     r = Req(prompt=20)  # shares 12 with row 2 and 5 with row 0; row 1's 30 is longer than its prompt
     s.add(r)
     plan = s.plan(now=1)
-    assert r.rows == slice(2, 3) and r.fed == 12 and [(p.start, p.end) for p in plan.prefill] == [(12, 19)]
-    assert sorted(s.kept) == [0, 1]  # the row it took keeps nothing now; the others still do
+    assert r.rows == slice(0, 1) and r.fed == 12 and [(p.start, p.end) for p in plan.prefill] == [(12, 19)]
+    # row 2's prefix came down to the lowest free row, whose own went up in its place: both still kept
+    assert plan.relocated == [(slice(2, 3), slice(0, 1))] and sorted(s.kept) == [1, 2] and s.kept[2].tokens == 5
 
 
 def test_a_request_sharing_nothing_takes_the_lowest_row_whose_prefix_moves_up_else_the_lru_is_evicted():
@@ -330,13 +331,23 @@ def test_a_lease_or_a_scheduler_without_reuse_keeps_nothing():
     assert not plain.kept
 
 
-def test_a_request_reusing_part_of_a_kept_row_copies_it_into_an_empty_row_which_goes_on_keeping():
+def test_a_request_reusing_part_of_a_kept_row_copies_it_into_the_lowest_row_and_it_goes_on_keeping():
     s = Scheduler(rows=3, busy_timeout=300, reuse=lambda state, kept: min(kept, state.prompt - 1))
     _finished_and_kept(s, _admitted(s, 30), 29)
     part, whole = Req(prompt=9), Req(prompt=31)
     s.add(part)
     plan = s.plan(now=1)
-    assert part.rows == slice(1, 2) and part.fed == 8 and plan.copied == [(part, slice(0, 1))] and list(s.kept) == [0]
-    s.add(whole)  # extends all the row keeps: takes the row itself, nothing to copy
+    assert part.rows == slice(0, 1) and part.fed == 8 and list(s.kept) == [2]  # the kept row moved up first
+    assert plan.relocated == [(slice(0, 1), slice(2, 3))] and plan.copied == [(part, slice(2, 3))]
+    s.add(whole)  # extends all the row keeps: takes the row itself, moved down to the lowest free row
     plan = s.plan(now=2)
-    assert whole.rows == slice(0, 1) and whole.fed == 29 and not plan.copied and not s.kept
+    assert whole.rows == slice(1, 2) and whole.fed == 29 and not plan.copied and not s.kept
+    assert plan.relocated == [(slice(2, 3), slice(1, 2))]
+    s.finish(part)
+    s.finish(whole)
+    _finished_and_kept(s, _admitted(s, 30, now=3), 29)  # row 0; rows 1 and 2 keep nothing
+    s.owners[1] = s.owners[2] = Lease(slice(1, 2))  # no row left to move it to
+    last = Req(prompt=9)
+    s.add(last)
+    plan = s.plan(now=4)
+    assert last.rows == slice(0, 1) and last.fed == 8 and not s.kept and not plan.copied  # the row itself, used up
