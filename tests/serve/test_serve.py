@@ -207,7 +207,10 @@ def test_chat_logprobs_equal_log_softmax_of_generates_logits_streaming_or_not(se
         assert all(abs(alt.logprob - v) < 1e-4 for alt, v in zip(entry.top_logprobs, values.tolist(), strict=True))
     chunks = client(url).chat.completions.create(**ask, stream=True)
     streamed = [e for c in chunks for e in (c.choices[0].logprobs.content if c.choices[0].logprobs else [])]
-    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    # the same tokens; the logprobs within float rounding: the prefix cache kept the first request's
+    # prompt, so this one's first logits come from the decode step rather than the prefill
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(streamed, content, strict=True))
     plain = client(url).chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
     assert plain.choices[0].logprobs is None
 
