@@ -251,11 +251,10 @@ class Scheduler:
             if rows is None or rows.start >= top.rows.start:
                 return
             plan.moved.append((top, top.rows))
-            kept = {top.rows.start + row - rows.start: self.kept.pop(row) for row in range(rows.start, rows.stop)
-                    if row in self.kept}  # fmt: skip
+            for row in range(rows.start, rows.stop):  # the runner swaps the rows: what they kept goes up
+                self._trade(row, top.rows.start + row - rows.start)
             self._own(top.rows, None)
             self._own(rows, top)
-            self.kept |= kept
             top.rows = rows
 
     def _expire(self, plan: Plan, now: float) -> None:
@@ -296,10 +295,7 @@ class Scheduler:
         if low.start >= row:
             return slice(row, row + 1)
         plan.relocated.append((slice(row, row + 1), low))
-        displaced = self.kept.pop(low.start, None)
-        self.kept[low.start] = self.kept.pop(row)
-        if displaced is not None:
-            self.kept[row] = displaced
+        self._trade(row, low.start)
         return low
 
     def _clear_rows(self, count: int, plan: Plan) -> slice | None:
@@ -313,7 +309,7 @@ class Scheduler:
             return self._free_rows(count)
         for row, to in zip(displaced, spare, strict=False):
             plan.relocated.append((slice(row, row + 1), slice(to, to + 1)))
-            self.kept[to] = self.kept.pop(row)
+            self._trade(row, to)
         return rows
 
     def _free_rows(self, count: int, spare_kept: bool = True) -> slice | None:
@@ -331,6 +327,11 @@ class Scheduler:
             return None
         start = min(runs)[1]
         return slice(start, start + count)
+
+    def _trade(self, a: int, b: int) -> None:
+        """Rows `a` and `b` trade what they keep, as the runner swaps their caches (either may keep nothing)."""
+        kept = {b: self.kept.pop(a, None), a: self.kept.pop(b, None)}
+        self.kept |= {row: k for row, k in kept.items() if k is not None}
 
     def _own(self, rows: slice, owner) -> None:
         self.owners[rows] = [owner] * (rows.stop - rows.start)

@@ -28,7 +28,7 @@ class _Call:
 
     def __init__(self, index: int):
         self.index, self.id = index, f"call_{uuid.uuid4().hex[:24]}"
-        self.body, self.opened, self.sent, self.arguments_at = "", False, 0, None
+        self.body, self.sent, self.arguments_at = "", 0, None  # arguments_at: where they start, once streamed
 
     def grow(self, text: str) -> list[dict]:
         """The deltas `text`, more of the call's body, lets out (none until the name is complete)."""
@@ -38,10 +38,15 @@ class _Call:
             arguments = self.body[head.end() :].lstrip() if head else ""
             if not arguments.startswith("{"):  # not yet, or not an object: the call goes out whole at its close
                 return []
-            self.arguments_at, self.opened = len(self.body) - len(arguments), True
+            self.arguments_at = len(self.body) - len(arguments)
             name = json.loads(f'"{head.group(1)}"')
             return [self._delta({"name": name, "arguments": ""}, first=True), *self._arguments()]
         return self._arguments()
+
+    @property
+    def opened(self) -> bool:
+        """Whether its id and name have gone out (its arguments then follow as written)."""
+        return self.arguments_at is not None
 
     def close(self, value) -> list[dict]:
         """The call's last deltas, once the parser has read it whole (`value`: its parsed call)."""
