@@ -16,8 +16,8 @@ The policy:
 - prefix cache: a finished one-row request's row keeps its tokens' keys and values (`Kept`) while the
   row is free. A one-row request takes the free row whose kept tokens it can reuse most of (the engine
   says how many: `reuse`), and prefills only the rest; any other request takes the lowest free rows,
-  and what they keep moves up into free rows that keep nothing (failing those, the least recently
-  kept rows are evicted); moving a request down never evicts one either. Rows held by running
+  and what they keep moves up into free rows that keep nothing (failing those, into the least recently
+  kept rows, which are evicted); moving a request down never evicts one either. Rows held by running
   requests or sessions' leases are never touched;
 - requests are admitted in arrival order, so a large request is not overtaken forever; one that found
   no rows within `busy_timeout` seconds expires;
@@ -299,15 +299,22 @@ class Scheduler:
         return low
 
     def _clear_rows(self, count: int, plan: Plan) -> slice | None:
-        """The lowest `count` free rows, what they keep moved up into free rows keeping nothing (highest
-        first); without enough of those, the least recently used kept rows (evicted)."""
+        """The lowest `count` free rows, what they keep moved up (most recently used first) into free rows
+        keeping nothing (highest first), failing those into the least recently used kept rows, which are
+        evicted; a prefix older than any such row is evicted itself. The request never goes higher than
+        the lowest free rows: a kept prefix is not worth a larger graph at every step."""
         rows = self._free_rows(count, spare_kept=False)
-        displaced = [row for row in range(rows.start, rows.stop) if row in self.kept] if rows else []
-        spare = [r for r in reversed(range(len(self.owners))) if self.owners[r] is None and r not in self.kept
-                 and not rows.start <= r < rows.stop] if displaced else []  # fmt: skip
-        if len(spare) < len(displaced):
-            return self._free_rows(count)
+        if rows is None:
+            return None
+        inside = range(rows.start, rows.stop)
+        displaced = sorted((r for r in inside if r in self.kept), key=lambda r: -self.kept[r].used)
+        free = [r for r in reversed(range(len(self.owners))) if self.owners[r] is None and r not in inside]
+        spare = [r for r in free if r not in self.kept] + sorted((r for r in free if r in self.kept),
+                                                                 key=lambda r: self.kept[r].used)  # fmt: skip
         for row, to in zip(displaced, spare, strict=False):
+            if to in self.kept and self.kept[to].used > self.kept[row].used:
+                break  # the rest are older than any row left to evict: they go (`_own` drops them)
+            self.kept.pop(to, None)
             plan.relocated.append((slice(row, row + 1), slice(to, to + 1)))
             self._trade(row, to)
         return rows

@@ -293,7 +293,8 @@ def test_a_one_row_request_takes_the_free_row_keeping_most_of_its_prompt_and_pre
 
 def test_a_request_sharing_nothing_takes_the_lowest_row_whose_prefix_moves_up_else_the_lru_is_evicted():
     """The lowest rows keep the stepped batch small: what a row there keeps moves to the highest row that
-    keeps nothing (the runner swaps them); with none left, the least recently kept row is evicted."""
+    keeps nothing (the runner swaps them); with none left, it moves over the least recently kept row,
+    which is evicted, and the request still takes the lowest row."""
     s = Scheduler(rows=3, busy_timeout=300, reuse=_shared)
     _finished_and_kept(s, _admitted(s, 9), 50)
     fresh = Req(prompt=9)
@@ -305,7 +306,22 @@ def test_a_request_sharing_nothing_takes_the_lowest_row_whose_prefix_moves_up_el
     last = Req(prompt=9)
     s.add(last)
     plan = s.plan(now=3)
-    assert last.rows == slice(2, 3) and not plan.relocated and list(s.kept) == [1]
+    assert last.rows == slice(1, 2) and plan.relocated == [(slice(1, 2), slice(2, 3))]
+    assert list(s.kept) == [2] and s.kept[2].tokens == 60
+
+
+def test_with_every_free_row_keeping_a_prefix_a_request_still_takes_the_lowest():
+    """The failure CI found: rows 1-3 kept, row 0 kept most recently; a request sharing nothing took the
+    least recently used row 3 and stepped the batch-4 graph. It takes row 0, whose prefix evicts row 3's."""
+    s = Scheduler(rows=4, busy_timeout=300, reuse=_shared)
+    for now, shared in enumerate((40, 30, 20, 10)):  # each kept in row 0, moved up into the highest spare
+        _finished_and_kept(s, _admitted(s, 9, now=now), shared)
+    assert {r: k.tokens for r, k in s.kept.items()} == {3: 40, 2: 30, 1: 20, 0: 10}
+    fresh = Req(prompt=9)
+    s.add(fresh)
+    plan = s.plan(now=9)
+    assert fresh.rows == slice(0, 1) and plan.relocated == [(slice(0, 1), slice(3, 4))]
+    assert {r: k.tokens for r, k in s.kept.items()} == {3: 10, 2: 30, 1: 20}
 
 
 def test_a_decoding_request_moves_down_over_a_kept_row_and_the_kept_prefix_goes_up():
