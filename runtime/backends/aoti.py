@@ -32,30 +32,34 @@ from runtime.format.manifest import Manifest
 class CompiledDecode:
     """The compiled step, called through the bundle's DecodeContract:
     input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab),
-    where b is one of `batches` (a graph each)."""
+    where b is one of `batches` (a graph each); with k + 1 tokens a row (a verify step, b one of
+    `verify_batches`), logits (b, k + 1, vocab)."""
 
     def __init__(self, package: Path, model: nn.Module, manifest: Manifest, sha256: str | None = None):
         """`sha256`: what the package's bytes must hash to (the manifest's entry); the loaded code is then
         exactly the verified bytes, even if the bundle's file is replaced meanwhile."""
         self.contract = DecodeContract.of(manifest)
-        self.batches = manifest.batches
+        self.batches, self.verify_batches = manifest.batches, manifest.verify_batches
         constants = lend_constants(model, manifest.constants, manifest.device)
+        verify, name = self.contract.verify_tokens, Path(package).name
         with _private_copy(Path(package), sha256) as private:
-            self._loaders = {b: self._open_graph(private, Path(package).name, b, constants) for b in self.batches}
-        self._runs = {b: loader.run for b, loader in self._loaders.items()}  # flat inputs: no pytree per step
+            loaders = {b: self._open_graph(private, name, b, 1, constants) for b in self.batches}
+            verifiers = {b: self._open_graph(private, name, b, verify, constants) for b in self.verify_batches}
+        self._loaders = loaders | {(b, verify): loader for b, loader in verifiers.items()}
+        self._runs = {b: loader.run for b, loader in loaders.items()}  # flat inputs: no pytree per step
+        self._verifies = {b: loader.run for b, loader in verifiers.items()}
 
-    def _open_graph(self, private: Path, name: str, batch: int, constants: dict):
+    def _open_graph(self, private: Path, name: str, batch: int, tokens: int, constants: dict):
+        what = f"batch {batch}" if tokens == 1 else f"the batch-{batch} verify graph"
         try:
-            loader = compat.load_aoti_package(str(private), graph_name(batch))
+            loader = compat.load_aoti_package(str(private), graph_name(batch, tokens))
         except RuntimeError as e:  # a damaged package whose hash was recomputed, a missing graph or symbol
-            raise BundleError(
-                f"{name} could not be loaded for batch {batch} ({str(e)[:300]}); re-export the bundle"
-            ) from None
-        self.contract.check_package(loader.get_metadata(), name, batch)  # before any native call
+            raise BundleError(f"{name} could not be loaded for {what} ({str(e)[:300]}); re-export the bundle") from None
+        self.contract.check_package(loader.get_metadata(), name, batch, tokens)  # before any native call
         expected = set(loader.get_constant_fqns())
         if expected != set(constants):
             raise BundleError(
-                f"compiled decode (batch {batch}) expects constants {sorted(expected - set(constants))[:5]} the "
+                f"compiled decode ({what}) expects constants {sorted(expected - set(constants))[:5]} the "
                 "manifest does not provide; the bundle is inconsistent, re-export it"
             )
         compat.lend_constants(loader, constants)  # user-managed: every graph holds the same tensors
@@ -63,8 +67,8 @@ class CompiledDecode:
 
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> torch.Tensor:
         inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
-        check_step_inputs(self.contract, inputs, self.batches)
-        return self._runs[input_ids.shape[0]](inputs)[0]
+        tokens = check_step_inputs(self.contract, inputs, self.batches, self.verify_batches)
+        return (self._runs if tokens == 1 else self._verifies)[input_ids.shape[0]](inputs)[0]
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from runtime.errors import BundleError, IncompatibleBundleError
 class Decode(Protocol):
     contract: object  # runtime.format.contract.DecodeContract
     batches: tuple[int, ...]  # the row counts it steps, ascending: a graph each, or every 1..batch_size
+    verify_batches: tuple[int, ...]  # the row counts it verifies drafts for (k + 1 tokens a row); () for none
 
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list) -> object:
         """input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab) fp32."""

@@ -14,10 +14,13 @@ from runtime.errors import BundleError, InvalidInputError
 from runtime.format.contract import INPUT_NAMES, STEP_INPUTS, DecodeContract
 
 
-def check_step_inputs(contract: DecodeContract, inputs: list, batches: tuple[int, ...] | None = None) -> None:
-    """Refuse anything the compiled step would misread: count, type, shape, dtype, device, layout,
-    and a cache position outside the cache. `batches`: the only batches the step has a graph for
-    (None: any of 1..batch_size)."""
+def check_step_inputs(
+    contract: DecodeContract, inputs: list, batches: tuple[int, ...] | None = None, verify: tuple[int, ...] | None = None
+) -> int:
+    """Refuse anything the compiled step would misread: count, type, shape, dtype, device, layout, a
+    cache position outside the cache, tokens per row no graph takes (1, or a verify graph's k + 1).
+    `batches`, `verify`: the only batches the step has a decode graph, a verify graph for (None: any of
+    1..batch_size). Returns the tokens per row."""
     if len(inputs) != len(STEP_INPUTS) + 2 * len(contract.layout):
         raise InvalidInputError(
             f"the compiled decode takes {len(STEP_INPUTS)} inputs and {2 * len(contract.layout)} KV tensors, "
@@ -29,6 +32,10 @@ def check_step_inputs(contract: DecodeContract, inputs: list, batches: tuple[int
         raise InvalidInputError(
             f"batch {batch} is outside this bundle's 1..{contract.batch_size}; re-export with --batch-size {batch}"
         )
+    tokens = _tokens(contract, first)
+    batches = batches if tokens == 1 else verify
+    if batches == ():
+        raise InvalidInputError(f"this backend has no verify step: input_ids must take 1 token a row, not {tokens}")
     if batches is not None and batch not in batches:
         cover = next(b for b in batches if b >= batch)
         raise InvalidInputError(
@@ -37,18 +44,33 @@ def check_step_inputs(contract: DecodeContract, inputs: list, batches: tuple[int
         )
     span = _span(contract, inputs[INPUT_NAMES.index("pad_mask")])
     for spec, tensor in zip(STEP_INPUTS, inputs, strict=False):
-        _expect(spec.name, tensor, contract.shape(spec, batch, span), getattr(torch, spec.dtype), contract.device)
+        shape = contract.shape(spec, batch, span, tokens)
+        _expect(spec.name, tensor, shape, getattr(torch, spec.dtype), contract.device)
     cache_dtype = getattr(torch, contract.dtype)
     for i, (shape, tensor) in enumerate(zip(contract.kv_shapes(batch), inputs[len(STEP_INPUTS) :], strict=True)):
         _expect(f"layer {i // 2} {('keys', 'values')[i % 2]}", tensor, shape, cache_dtype, contract.device)
     positions = inputs[INPUT_NAMES.index("cache_position")]
     low, high = int(positions.min()), int(positions.max())
-    if low < 0 or high >= span:
+    if low < 0 or high + tokens - 1 >= span:
         bad = low if low < 0 else high
+        last = "" if tokens == 1 else f" (with its {tokens - 1} drafts after it, up to {high + tokens - 1})"
         raise InvalidInputError(
-            f"cache_position {bad} is outside the attended span 0..{span - 1} (the pad mask's width, at most the "
-            f"cache's {contract.max_cache_len})"
+            f"cache_position {bad}{last} is outside the attended span 0..{span - 1} (the pad mask's width, at most "
+            f"the cache's {contract.max_cache_len})"
         )
+    return tokens
+
+
+def _tokens(contract: DecodeContract, input_ids) -> int:
+    """Tokens per row: 1, or the verify graphs' k + 1 where the bundle has them."""
+    tokens = input_ids.shape[1] if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else 0
+    allowed = (1, contract.verify_tokens) if contract.verify_tokens else (1,)
+    if tokens not in allowed:
+        raise InvalidInputError(
+            f"input_ids has {tokens} tokens per row; this bundle's steps take {' or '.join(map(str, allowed))} "
+            "(a verify step: the next token and the bundle's --speculate drafts)"
+        )
+    return tokens
 
 
 def _span(contract: DecodeContract, pad_mask) -> int:

@@ -21,11 +21,13 @@ from runtime.model.step import decode_step
 
 
 class EagerDecode:
-    """input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab)."""
+    """input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab);
+    with the contract's k + 1 tokens a row (a verify step), logits (b, k + 1, vocab)."""
 
     def __init__(self, model: nn.Module, contract: DecodeContract):
         self.contract = contract
         self.batches = every_batch(contract)
+        self.verify_batches = self.batches if contract.draft_tokens else ()
         self.step = decode_step(model, contract.layout)
 
     @torch.inference_mode()

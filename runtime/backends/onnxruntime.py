@@ -41,6 +41,7 @@ class OnnxRuntimeDecode:
 
         self.contract = DecodeContract.of(manifest)
         self.batches = every_batch(self.contract)  # one graph, batch dynamic
+        self.verify_batches = ()  # decode.onnx has no verify step: the engine decodes without drafts
         self.inputs, self.outputs = self.contract.onnx_names()
         options = _session_options(ort, prepack)
         # The graph comes from verified bytes; its external weights name files of this folder (validated,
@@ -87,9 +88,8 @@ class OnnxRuntimeDecode:
 
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> torch.Tensor:
         inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
-        check_step_inputs(
-            self.contract, inputs
-        )  # ONNX Runtime would check shapes, but not a position outside the cache
+        # ONNX Runtime would check shapes, but not a position outside the cache
+        check_step_inputs(self.contract, inputs, None, self.verify_batches)
         batch = input_ids.shape[0]
         logits = torch.empty(batch, self.vocab_size)  # (b, vocab)
         written = [torch.empty(batch, s[1], 1, s[3], dtype=kv[0].dtype) for s in self.contract.kv_shapes(batch)]

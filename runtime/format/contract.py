@@ -20,27 +20,31 @@ from runtime.format.layout import LayerLayout
 
 BATCH = "batch"  # the rows stepped: static in each AOTInductor graph (its batch), dynamic in decode.onnx
 SPAN = "span"  # dynamic, 1..max_cache_len: the cache indices the step attends to, [0, span)
+# tokens per row: 1 in a decode graph, k + 1 in a verify graph (speculative decoding: a row's next token
+# and k drafted ones); static in each graph
+TOKENS = "tokens"
 METADATA_KEY = "aotpack_decode_contract"  # the .pt2 metadata entry holding `fingerprint()`
 
 
-def graph_name(batch: int) -> str:
-    """The model name, inside decode.pt2, of the graph that steps exactly `batch` rows."""
-    return f"batch{batch}"
+def graph_name(batch: int, tokens: int = 1) -> str:
+    """The model name, inside decode.pt2, of the graph that steps exactly `batch` rows by `tokens` each."""
+    return f"batch{batch}" if tokens == 1 else f"verify{batch}x{tokens}"
 
 
 @dataclass(frozen=True)
 class StepInput:
     name: str
     dtype: str  # torch dtype name
-    shape: tuple[int | str, ...]  # ints, BATCH or SPAN
+    shape: tuple[int | str, ...]  # ints, BATCH, SPAN or TOKENS
 
 
 # Call order; the KV tensors follow, keys then values per layer, each (batch, kv_heads, slots, head_dim)
-# in the bundle dtype. Output: next-token logits (batch, vocab) in float32.
+# in the bundle dtype. Output: next-token logits (batch, vocab) in float32; a verify graph's are
+# (batch, tokens, vocab), the logits after each of its tokens.
 STEP_INPUTS = (
-    StepInput("input_ids", "int64", (BATCH, 1)),  # the newest token of each row
-    StepInput("position_ids", "int64", (BATCH, 1)),  # its rotary position (left padding shifts it)
-    StepInput("cache_position", "int64", (BATCH,)),  # the absolute cache index each row writes it to
+    StepInput("input_ids", "int64", (BATCH, TOKENS)),  # the newest token of each row (and its drafts)
+    StepInput("position_ids", "int64", (BATCH, TOKENS)),  # their rotary positions (left padding shifts them)
+    StepInput("cache_position", "int64", (BATCH,)),  # the absolute cache index each row writes its first to
     # True where an absolute index holds a real token, for the indices [0, span) the step attends to:
     # its width sets the span (above every row's cache_position), so a step's attention costs what the
     # context in use costs, not what the whole cache would.
@@ -59,6 +63,12 @@ class DecodeContract:
     max_cache_len: int
     dtype: str
     device: str
+    draft_tokens: int = 0  # k: the bundle's verify graphs take k + 1 tokens per row (0: no speculation)
+
+    @property
+    def verify_tokens(self) -> int | None:
+        """Tokens per row of a verify step, k + 1 (None: the bundle has no verify graphs)."""
+        return self.draft_tokens + 1 if self.draft_tokens else None
 
     @classmethod
     def of(cls, manifest) -> DecodeContract:
@@ -68,19 +78,22 @@ class DecodeContract:
                 f"bundle decode inputs {list(manifest.decode_inputs)} are not this runtime's {list(INPUT_NAMES)}; "
                 "re-export the bundle with this aotpack"
             )
-        return cls(
-            tuple(manifest.cache_layout), manifest.batch_size, manifest.max_cache_len, manifest.dtype, manifest.device
-        )
+        layout, rows, length = tuple(manifest.cache_layout), manifest.batch_size, manifest.max_cache_len
+        return cls(layout, rows, length, manifest.dtype, manifest.device, manifest.draft_tokens)
 
-    def fingerprint(self, batch: int | None = None) -> str:
+    def fingerprint(self, batch: int | None = None, tokens: int = 1) -> str:
         """What a graph was compiled for, as one string: recorded in its metadata, compared at load.
-        `batch`: the rows a static-batch graph steps (None: a dynamic batch, 1..batch_size)."""
-        body = {"inputs": [asdict(i) for i in STEP_INPUTS], "kv": [asdict(layer) for layer in self.layout]}
+        `batch`: the rows a static-batch graph steps (None: a dynamic batch, 1..batch_size); `tokens`: per
+        row. A decode graph of a bundle without drafts hashes as format 9's did (TOKENS written as 1)."""
+        inputs = [asdict(i) | {"shape": [1 if d == TOKENS else d for d in i.shape]} for i in STEP_INPUTS]
+        body = {"inputs": inputs, "kv": [asdict(layer) for layer in self.layout]}
         body |= {"batch_size": self.batch_size, "max_cache_len": self.max_cache_len, "dtype": self.dtype}
+        body |= {"draft_tokens": self.draft_tokens} if self.draft_tokens else {}
+        body |= {"graph_tokens": tokens} if tokens != 1 else {}
         return json_digest(body if batch is None else body | {"graph_batch": batch})
 
-    def shape(self, spec: StepInput, batch: int, span: int) -> tuple[int, ...]:
-        sizes = {BATCH: batch, SPAN: span}
+    def shape(self, spec: StepInput, batch: int, span: int, tokens: int = 1) -> tuple[int, ...]:
+        sizes = {BATCH: batch, SPAN: span, TOKENS: tokens}
         return tuple(sizes.get(d, d) for d in spec.shape)
 
     def kv_shapes(self, batch: int) -> list[tuple[int, ...]]:
@@ -97,10 +110,12 @@ class DecodeContract:
         the keys and values written, each (batch, kv_heads, 1, head_dim)."""
         return [*INPUT_NAMES, *self.kv_names()], ["logits", *self.kv_names("new_")]
 
-    def check_package(self, metadata: dict, artifact: str = "decode.pt2", batch: int | None = None) -> None:
+    def check_package(
+        self, metadata: dict, artifact: str = "decode.pt2", batch: int | None = None, tokens: int = 1
+    ) -> None:
         """A graph of the `.pt2` (or decode.onnx) was built for exactly this signature (its metadata
-        carries the fingerprint); `batch`: the graph's static batch."""
-        if metadata.get(METADATA_KEY) != self.fingerprint(batch):
+        carries the fingerprint); `batch`: the graph's static batch, `tokens` its tokens per row."""
+        if metadata.get(METADATA_KEY) != self.fingerprint(batch, tokens):
             raise BundleError(
                 f"the manifest's cache layout, batch size, max_cache_len or dtype is not what {artifact} was "
                 "compiled for; the bundle is inconsistent, re-export it"

@@ -3,8 +3,11 @@
 Owns: what each layer's cache holds (kind, slots, window, head shapes) and how many bytes that is.
 Why a ring buffer: transformers' `StaticSlidingWindowLayer` tracks its fill level in a Python int, which
 `torch.export` bakes in as a constant, so it cannot serve a position-generic decode step. Here a sliding
-layer holds `min(window, max_cache_len)` slots and token `t` always lives in slot `t % slots`
-(runtime.model.cache writes it; runtime.model.masks reads it).
+layer holds `min(window + k, max_cache_len)` slots and token `t` always lives in slot `t % slots`
+(runtime.model.cache writes it; runtime.model.masks reads it, live within the window). `k` is a
+bundle's draft tokens (speculative decoding, 0 without): a verify step writes a row's next k + 1 tokens
+before any is accepted, and with k slots to spare, a rejected token's slot held one that no later query's
+window reaches.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ class LayerLayout:
     """One decoder layer's cache: its kind, slot count and head shapes."""
 
     kind: str  # FULL or SLIDING
-    slots: int  # max_cache_len for FULL, min(window, max_cache_len) for SLIDING
+    slots: int  # max_cache_len for FULL, min(window + draft tokens, max_cache_len) for SLIDING
     window: int | None  # attention window in tokens (SLIDING only)
     num_kv_heads: int
     head_dim: int

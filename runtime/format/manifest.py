@@ -34,9 +34,13 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # (`spread`, `noisy`); a format-6 or -7 manifest still reads, its timings taken as they were.
 # 9: a quantized bundle records whether the timing behind its kernel family was judged noise
 # (`quantization.kernel_noise`); a format-6, -7 or -8 manifest still reads, its choice taken as made.
-FORMAT_VERSION = 9
-SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9})
+# 10: speculative decoding: `draft_tokens` (k; 0 without), verify graphs beside the decode graphs (each
+# graph's `tokens` per row: 1, or k + 1), and rings k slots beyond their window; a format-6 to -9
+# manifest still reads, with no drafts and every graph a decode graph.
+FORMAT_VERSION = 10
+SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10})
 RECIPES = ("uniform", "sensitive", "mixed")
+MAX_DRAFT_TOKENS = 16  # drafts a verify graph may take per row
 SCALE_SEARCHES = ("minmax", "mse")
 _WHOLE_CACHE = "attends to the whole cache every step"
 _REEXPORT = {3: _WHOLE_CACHE, 4: _WHOLE_CACHE, 5: "runs batch-1 kernels at every batch"}
@@ -136,14 +140,16 @@ class Lowering:
 
 @dataclass(frozen=True)
 class DecodeGraph:
-    """One compiled graph of decode.pt2 (model name runtime.format.contract.graph_name(batch)): the step
-    for exactly `batch` rows, its kernels chosen for that batch, checked against eager generate with
-    `batch` rows."""
+    """One compiled graph of decode.pt2 (model name runtime.format.contract.graph_name(batch, tokens)): the
+    step for exactly `batch` rows of `tokens` each (1: decode; k + 1: verify drafted tokens), its kernels
+    chosen for that shape, checked against eager generate with `batch` rows (a verify graph: its logits
+    against the eager model's over the same tokens)."""
 
     batch: int
     lowerings: tuple[Lowering, ...]
     parity: Parity
     compile_seconds: float  # trace, kernel timing and AOTInductor compile of this graph on the build machine
+    tokens: int = 1
 
 
 @dataclass(frozen=True)
@@ -197,11 +203,17 @@ class Manifest:
     parity: Parity  # every graph's gate together
     onnx: OnnxDecode | None = None  # the portable decode, when exported with --onnx (format 4)
     native: NativeKernels | None = None  # the integer kernels (format 7), for quantization.kernels "integer"
+    draft_tokens: int = 0  # k of speculative decoding (format 10): its verify graphs take k + 1 tokens a row
 
     @property
     def batches(self) -> tuple[int, ...]:
-        """The batches decode.pt2 has a graph for, ascending."""
-        return tuple(g.batch for g in self.graphs)
+        """The batches decode.pt2 has a decode graph for, ascending."""
+        return tuple(g.batch for g in self.graphs if g.tokens == 1)
+
+    @property
+    def verify_batches(self) -> tuple[int, ...]:
+        """The batches decode.pt2 has a verify graph for (k + 1 tokens a row), ascending; () without drafts."""
+        return tuple(g.batch for g in self.graphs if g.tokens > 1)
 
     def to_json(self) -> str:
         """JSON with a `digest` of the content: manifest.json holds every other file's hash, so its
@@ -274,6 +286,8 @@ def _upgraded(raw: dict) -> dict:
         raw = _from_7(raw)
     if version in (6, 7, 8):
         raw = _from_8(raw)
+    if version in (6, 7, 8, 9):
+        raw = _from_9(raw)
     return raw
 
 
@@ -299,6 +313,14 @@ def _from_8(raw: dict) -> dict:
     """Format 8 judged no noise in the kernel-family timing: its choice stands as made."""
     q = raw.get("quantization")
     return raw | {"quantization": q | {"kernel_noise": None}} if isinstance(q, dict) else raw
+
+
+def _from_9(raw: dict) -> dict:
+    """Format 9 had no speculative decoding: no drafts, every graph a one-token decode graph."""
+    graphs = raw.get("graphs")
+    if isinstance(graphs, list):
+        graphs = [g | {"tokens": 1} if isinstance(g, dict) else g for g in graphs]
+    return raw | {"graphs": graphs, "draft_tokens": 0}
 
 
 def _lowerings_from_7(graph):
@@ -463,18 +485,36 @@ def _check_values(m: Manifest) -> None:
 
 
 def _check_graphs(m: Manifest) -> None:
-    batches = [g.batch for g in m.graphs]
+    batches = list(m.batches)
     if not batches or batches != sorted(set(batches)) or batches[0] < 1 or batches[-1] != m.batch_size:
         raise ManifestError(
             f"manifest graphs step batches {batches}: they must ascend, without repeats, from at least 1 to "
             f"batch_size {m.batch_size}; re-export the bundle"
         )
+    _check_drafts(m)
     for lowering in (lw for g in m.graphs for lw in g.lowerings):
         if lowering.gb_per_s and lowering.chosen not in lowering.gb_per_s:
             raise ManifestError(
                 f"manifest lowering {lowering.op} {lowering.rows}x{lowering.cols} chose {lowering.chosen!r}, "
                 "which it did not measure"
             )
+
+
+def _check_drafts(m: Manifest) -> None:
+    """Verify graphs go with drafts: one per decode graph's batch, k + 1 tokens a row, and rings with k
+    slots beyond their window (fewer, and a rejected draft would overwrite a token still in the window)."""
+    k = m.draft_tokens
+    if not isinstance(k, int) or isinstance(k, bool) or not (k == 0 or 1 <= k <= MAX_DRAFT_TOKENS):
+        raise ManifestError(f"manifest draft_tokens {k!r} is not 0 or 1..{MAX_DRAFT_TOKENS}; re-export the bundle")
+    verify = [(g.batch, g.tokens) for g in m.graphs if g.tokens != 1]
+    if verify != [(b, k + 1) for b in (m.batches if k else ())]:
+        raise ManifestError(
+            f"manifest verify graphs {verify} do not match draft_tokens {k} (one per decode batch {list(m.batches)}, "
+            f"{k + 1} tokens a row); re-export the bundle"
+        )
+    short = [layer for layer in m.cache_layout if layer.window and layer.slots < min(layer.window + k, m.max_cache_len)]
+    if short:
+        raise ManifestError(f"manifest ring {short[0]} lacks the {k} slots beyond its window that drafts need")
 
 
 def _check_quantization(q: Quantization) -> None:

@@ -27,12 +27,20 @@ def allocate(layout: tuple[LayerLayout, ...], batch: int, dtype: torch.dtype, de
 
 
 def write_token(keys, values, layout: LayerLayout, cache_position, key_states, value_states) -> None:
-    """Store one decode step's keys and values (B, kv_heads, 1, head_dim) of one layer: row b's token goes
-    to slot `cache_position[b]`, modulo the slot count on a ring (rows stand at different positions).
+    """Store one step's keys and values (B, kv_heads, T, head_dim) of one layer: row b's token t goes to
+    index `cache_position[b] + t`, in its slot modulo the slot count on a ring (rows stand at different
+    positions; T > 1 in a verify step, its drafted tokens after the row's next one).
     The compiled step does this inside its graph; an ONNX step returns the states and the runtime
     calls this with them (ONNX drops in-place updates of graph inputs)."""
-    slot = cache_position % layout.slots if layout.kind == SLIDING else cache_position  # (B,)
+    tokens = key_states.shape[2]
     rows = torch.arange(key_states.shape[0], device=key_states.device)  # (B,)
+    if tokens > 1:
+        index = cache_position[:, None] + torch.arange(tokens, device=key_states.device)  # (B, T)
+        slot = index % layout.slots if layout.kind == SLIDING else index
+        keys[rows[:, None], :, slot] = key_states.transpose(1, 2)  # (B, T, kv_heads, head_dim)
+        values[rows[:, None], :, slot] = value_states.transpose(1, 2)
+        return
+    slot = cache_position % layout.slots if layout.kind == SLIDING else cache_position  # (B,)
     keys[rows, :, slot] = key_states[:, :, 0]  # (B, kv_heads, head_dim): one slot per row
     values[rows, :, slot] = value_states[:, :, 0]
 
@@ -42,8 +50,8 @@ class SlotLayer(CacheLayerMixin):
 
     Prefill (many tokens, from an empty cache) stores the tokens that the decode step will still need
     and returns the fresh states, so prompt attention covers exactly the prompt as in HF's dynamic cache.
-    Decode (one token per row) writes each row's slot `position % slots` (rows stand at different
-    positions) and returns the slots the step attends to (`attended_slots`: those of cache indices
+    Decode (one token per row, or a verify step's few) writes each row's slots `position % slots` (rows
+    stand at different positions) and returns the slots the step attends to (`attended_slots`: those of cache indices
     [0, span)); the caller's mask says which of them are live.
     """
 
@@ -67,7 +75,7 @@ class SlotLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         if self.cache_position is None:
             return self._continue(key_states, value_states) if self.start else self._prefill(key_states, value_states)
-        self.written = (key_states, value_states)  # (B, kv_heads, 1, head_dim): what a portable step returns
+        self.written = (key_states, value_states)  # (B, kv_heads, T, head_dim): what a portable step returns
         write_token(self.keys, self.values, self.layout, self.cache_position, key_states, value_states)
         # narrow, not a slice: a slice's clamp (`end >= size`) would make export specialise a span traced
         # at the cache's length to that length

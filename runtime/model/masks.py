@@ -16,29 +16,35 @@ from runtime.format.layout import FULL
 from runtime.model.cache import attended_slots
 
 
-def decode_masks(pad_mask: torch.Tensor, cache_position: torch.Tensor, layout) -> dict[str, torch.Tensor]:
-    """Boolean SDPA masks (B, 1, 1, n) for one decode step over cache indices [0, span), keyed by layer
-    kind; n is the layer's attended slots (runtime.model.cache.attended_slots).
+def decode_masks(
+    pad_mask: torch.Tensor, cache_position: torch.Tensor, layout, tokens: int = 1
+) -> dict[str, torch.Tensor]:
+    """Boolean SDPA masks (B, 1, T, n) for one step of T = `tokens` queries per row over cache indices
+    [0, span), keyed by layer kind; n is the layer's attended slots (runtime.model.cache.attended_slots).
 
-    pad_mask: (B, span) bool, True where the absolute cache index holds a real token.
-    cache_position: (B,) int64, the absolute index each row writes now (rows are independent, each < span).
-    Slot j of a ring with n slots holds index t = p - ((p - j) mod n): the newest index <= p in that
-    slot. It is live when t >= 0 and not padding, which is exactly HF's `kv_idx > q_idx - window`.
+    pad_mask: (B, span) bool, True where the absolute cache index holds a real token (the step's own too).
+    cache_position: (B,) int64, the absolute index of each row's first query (rows are independent); query
+    t of a row sits at cache_position + t, every one < span (a verify step's drafts follow the token).
+    Slot j of a ring with n slots holds index i = q - ((q - j) mod n) for query q: the newest index <= q in
+    that slot (the step wrote its own tokens first; a later query's slot reads as i - n, outside the
+    window). It is live when i >= 0, within the window and not padding: exactly HF's
+    `q - window < kv_idx <= q`.
     """
-    position, span = cache_position[:, None], pad_mask.shape[1]  # (B, 1)
+    span = pad_mask.shape[1]
+    query = cache_position[:, None, None] + torch.arange(tokens, device=pad_mask.device)[None, :, None]  # (B, T, 1)
     masks = {}
     for layer in layout:
         if layer.kind in masks:
             continue
-        slots = torch.arange(attended_slots(layer, span), device=pad_mask.device)[None]  # (1, n)
+        slots = torch.arange(attended_slots(layer, span), device=pad_mask.device)[None, None]  # (1, 1, n)
         if layer.kind == FULL:
-            padded = pad_mask  # (B, span): slot j holds index j
-            live = slots <= position
+            padded = pad_mask[:, None, :]  # (B, 1, span): slot j holds index j
+            live = slots <= query  # (B, T, span)
         else:
-            index = position - torch.remainder(position - slots, layer.slots)  # (B, n)
-            padded = pad_mask.gather(1, index.clamp(min=0))
-            live = index >= 0
-        masks[layer.kind] = (padded & live)[:, None, None, :]
+            index = query - torch.remainder(query - slots, layer.slots)  # (B, T, n)
+            padded = pad_mask[:, None, :].expand(-1, tokens, -1).gather(2, index.clamp(min=0))  # (B, T, n)
+            live = (index >= 0) & (index > query - layer.window)
+        masks[layer.kind] = (padded & live)[:, None]
     return masks
 
 

@@ -62,8 +62,29 @@ class RowPositions:
         rows = active.nonzero().squeeze(1)  # (n,)
         self.pad_mask[rows, self.index[rows]] = True
 
-    def inputs(self, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(position_ids (n, 1), cache_position (n,), pad_mask (n, span)) of the first `count` rows: the
-        step attends to cache indices [0, span), just past the furthest row's."""
-        span = int(self.index[:count].max()) + 1
-        return self.position[:count], self.index[:count], self.pad_mask[:count, :span].contiguous()
+    def reach(self, rows: slice, drafts: int) -> None:
+        """A verify step feeds `rows` their next token and `drafts` drafted ones after it: the drafts'
+        indices count as real for the step (each query still sees only those before it)."""
+        for row in range(*rows.indices(self.index.shape[0])):
+            start = int(self.index[row]) + 1
+            self.pad_mask[row, start : start + drafts] = True
+
+    def settle(self, rows: slice, accepted: int, drafts: int) -> None:
+        """After a verify step: `accepted` of the `drafts` drafted tokens of `rows` stand, so their rows
+        move on by as many, and the rejected ones' indices are padding again (what the step wrote there
+        is overwritten before anything reads it)."""
+        self.index[rows] += accepted
+        self.position[rows] += accepted
+        for row in range(*rows.indices(self.index.shape[0])):
+            start = int(self.index[row]) + 1
+            self.pad_mask[row, start : start + drafts - accepted] = False
+
+    def inputs(self, count: int, tokens: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(position_ids (n, T), cache_position (n,), pad_mask (n, span)) of the first `count` rows for a
+        step of T = `tokens` per row (T > 1: a verify step, its queries at indices cache_position + t): the
+        step attends to cache indices [0, span), just past the furthest row's last."""
+        span = int(self.index[:count].max()) + tokens
+        position = self.position[:count]
+        if tokens > 1:
+            position = position + torch.arange(tokens, device=position.device)  # (n, T)
+        return position, self.index[:count], self.pad_mask[:count, :span].contiguous()

@@ -37,14 +37,17 @@ class TextHead(nn.Module):
             cache=cache,
             use_cache=use_cache,
         )
-        return self.lm_head(out.last_hidden_state[:, -1:])
+        return self.lm_head(out.last_hidden_state[:, -input_ids.shape[1] :])
 
 
 class DecodeStep(nn.Module):
-    """input_ids (B, 1), position_ids (B, 1), cache_position (B,), pad_mask (B, span) bool, *kv -> logits (B, vocab).
+    """input_ids (B, T), position_ids (B, T), cache_position (B,), pad_mask (B, span) bool, *kv -> logits
+    (B, vocab) when T = 1, (B, T, vocab) when T > 1.
 
     Every row is its own sequence at its own cache position: one call advances each by one token, and
-    attends to cache indices [0, span) only (the pad mask's width).
+    attends to cache indices [0, span) only (the pad mask's width). A verify step (T = k + 1) takes a
+    row's next token and k drafted ones after it at once, each attending causally to those before it,
+    and gives the logits after each: speculative decoding accepts the drafts they agree with.
     With `returns_written` (the ONNX step) it also returns each layer's new keys and values, each
     (B, kv_heads, 1, head_dim), keys then values per layer: ONNX keeps no in-place update of an input,
     so the runtime writes them into the cache itself (runtime.model.cache.write_token)."""
@@ -65,14 +68,16 @@ class DecodeStep(nn.Module):
         self.returns_written = returns_written
 
     def forward(self, input_ids, position_ids, cache_position, pad_mask, *kv):
+        tokens = input_ids.shape[1]
         cache = SlotCache(list(kv), self.layout, cache_position, span=pad_mask.shape[1])
-        mask = mask_argument(decode_masks(pad_mask, cache_position, self.layout), self.additive_mask_dtype)
+        masks = decode_masks(pad_mask, cache_position, self.layout, tokens)
+        mask = mask_argument(masks, self.additive_mask_dtype)
         kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True)
         if self.is_text_head:
-            logits = self.lm(**kwargs)  # (B, 1, vocab)
+            logits = self.lm(**kwargs)  # (B, T, vocab)
         else:
-            logits = self.lm(**kwargs, logits_to_keep=1).logits  # (B, 1, vocab)
-        logits = logits[:, -1].float()  # (B, vocab); fp32 like HF generate's scores
+            logits = self.lm(**kwargs, logits_to_keep=tokens).logits  # (B, T, vocab)
+        logits = logits[:, -1].float() if tokens == 1 else logits.float()  # (B, vocab) or (B, T, vocab); fp32 as HF
         if not self.returns_written:
             return logits
         return (logits, *(state for layer in cache.layers for state in layer.written))
