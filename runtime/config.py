@@ -36,6 +36,9 @@ class LoadConfig:
     # A finished one-row request's cache row keeps its tokens until a request needs the row, and a later
     # prompt that starts the same way prefills only the rest (runtime.engine.prefix)
     prefix_cache: bool = True
+    # A bundle exported with --speculate verifies drafted tokens: one-row greedy requests draft by prompt
+    # lookup when it pays (runtime.engine.speculation); sampled ones when they ask
+    speculation: bool = True
     backend: str = backends.DEFAULT  # runtime.backends: "aoti", "onnxruntime" or "eager"
     prepack: bool = False  # onnxruntime: ONNX Runtime prepacks its weights, a second copy, faster to read
 
@@ -48,8 +51,9 @@ class LoadConfig:
         chunk = self.prefill_chunk
         if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
             raise InvalidInputError(f"prefill_chunk must be a positive number of tokens or None, got {chunk!r}")
-        if not isinstance(self.prefix_cache, bool):
-            raise InvalidInputError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
+        for flag in ("prefix_cache", "speculation"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidInputError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         entry = backends.entry(self.backend)
         if self.prepack and "prepack" not in entry.options:
             takes = [e.name for e in backends.REGISTRY if "prepack" in e.options]

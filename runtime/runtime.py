@@ -76,7 +76,9 @@ class Runtime:
         self.model.generation_config = self.generation_config  # what HF's option resolution reads
         vocab = manifest.vocab_size if manifest is not None else model.config.get_text_config().vocab_size
         self.validator = Validator(model, contract, vocab, lambda: self.tokenizer)
-        self.engine = Engine(model, decode, contract, config.busy_timeout, config.prefill_chunk, config.prefix_cache)
+        self.engine = Engine(
+            model, decode, contract, config.busy_timeout, config.prefill_chunk, config.prefix_cache, config.speculation
+        )
         compat.quiet_pipeline_class_check(type(self).__name__)  # pipeline(model=rt) works; it needn't say otherwise
 
     # The tokenizer and processor load on first use: parsing a 262k-token vocabulary costs 3-4 s of

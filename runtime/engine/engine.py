@@ -27,8 +27,9 @@ from runtime.engine import prefix, sampling
 from runtime.engine.handle import Handle
 from runtime.engine.openmp import release_team
 from runtime.engine.request import Request, RequestState
-from runtime.engine.runner import Runner
+from runtime.engine.runner import Runner, covering
 from runtime.engine.scheduler import Lease, Plan, Scheduler
+from runtime.engine.speculation import Drafter, StepCosts, draft_tokens
 from runtime.engine.status import FinishReason, Status
 from runtime.errors import RuntimeBusyError
 from runtime.format.contract import DecodeContract
@@ -43,13 +44,18 @@ class Engine:
         busy_timeout: float = LoadConfig.busy_timeout,
         prefill_chunk: int | None = LoadConfig.prefill_chunk,
         prefix_cache: bool = LoadConfig.prefix_cache,
+        speculation: bool = LoadConfig.speculation,
     ):
         """`model` prefills, `decode` (a backend's step over the same weights) decodes, `contract` sizes
         the cache. A request waits at most `busy_timeout` seconds for rows; with `prefill_chunk`, text
         prompts longer than that are prefilled a chunk per step (None: whole prompts). With
         `prefix_cache`, a finished one-row request's row keeps its tokens for later prompts that start
-        the same way (runtime.engine.prefix), until a request needs the row."""
+        the same way (runtime.engine.prefix), until a request needs the row. With `speculation` and a
+        decode that verifies drafts, one-row requests draft by prompt lookup (runtime.engine.speculation)."""
         self.runner = Runner(model, decode, contract)
+        self.draft_tokens = self.runner.draft_tokens if speculation else 0
+        self.costs = StepCosts()
+        self.drafted = self.accepted = self.verify_steps = 0  # totals, for metrics
         reuse = self._reusable if prefix_cache else None
         self.scheduler = Scheduler(contract.batch_size, busy_timeout, prefill_chunk, reuse)
         self.layout, self.config = contract.layout, model.config
@@ -67,12 +73,15 @@ class Engine:
         max_waiting: int | None = None,
         lease: Lease | None = None,
         reuse: int = 0,
+        drafter=None,
     ) -> Handle:
         """Queue a validated request (runtime.generation.validate); returns its handle at once. With
         `max_waiting`, a request that would find that many already waiting is refused instead. With a
         `lease` (a session's row) the request runs in that row, whose first `reuse` cached tokens are the
-        prompt's first `reuse` tokens: only the rest is prefilled."""
+        prompt's first `reuse` tokens: only the rest is prefilled. `drafter`: where a one-row request's
+        drafts come from instead of prompt lookup (the export's parity gate drafts the reference's tokens)."""
         state = RequestState(request, want_logits, lease, _reusable(request, reuse) if lease is not None else 0)
+        state.drafter = drafter if drafter is not None else self._drafter(request)
         release_team()  # the caller's idle OpenMP team would slow every step the engine's thread runs
         with self._cond:
             self.scheduler.add(state, max_waiting)
@@ -233,9 +242,14 @@ class Engine:
             self._end(piece.state, FinishReason.FAILED, e)
 
     def _step(self, decoding: list[RequestState], width: int) -> None:
-        """One decode call advances every decoding request by one token."""
+        """One decode call advances every decoding request by one token (a verify call, by more)."""
         self.steps += 1
         self.peak_running = max(self.peak_running, len(decoding))
+        drafts = self._drafts(decoding, width)
+        if drafts is not None:
+            self._verify(decoding, width, drafts)
+            return
+        start = time.perf_counter()
         try:
             logits = self.runner.step(decoding, width)  # (width, vocab)
         except BaseException as e:  # KeyboardInterrupt and SystemExit too: on this thread no signal raises
@@ -243,6 +257,7 @@ class Engine:
             for state in decoding:
                 self._end(state, FinishReason.FAILED, e)
             return
+        self.costs.timed("decode", covering(self.runner.decode.batches, width, len(self.scheduler.owners)), start)
         greedy = sum(s.batch for s in decoding if s.plain_greedy)  # rows whose token is the raw argmax
         argmax = sampling.greedy(logits) if greedy > 1 and 2 * greedy >= width else None  # (width,): one call
         for state in decoding:
@@ -251,6 +266,69 @@ class Engine:
                 self._emit(state, logits[state.rows], taken)
             except BaseException as e:
                 self._end(state, FinishReason.FAILED, e)
+
+    def _drafter(self, request: Request) -> Drafter | None:
+        """Prompt lookup for a one-row request that may draft (runtime.engine.speculation.draft_tokens)."""
+        config = request.config
+        k = draft_tokens(config.prompt_lookup_num_tokens, self.draft_tokens, bool(config.do_sample))
+        if request.batch != 1 or not k:
+            return None
+        return Drafter(k, config.max_matching_ngram_size or DEFAULT_NGRAM)
+
+    def _drafts(self, decoding: list[RequestState], width: int) -> dict[int, torch.Tensor] | None:
+        """Each drafting row's drafts for a verify step, when one pays for itself (StepCosts); else None."""
+        batch = self.runner.verify_batch(width) if self.draft_tokens else None
+        if batch is None or not any(s.drafter for s in decoding):
+            return None
+        drafts, expected = {}, 0.0
+        for state in decoding:
+            room = min(self.draft_tokens, state.request.config.max_new_tokens - state.steps - 1)
+            drafted = state.drafter.propose(state.history, room) if state.drafter else None
+            if drafted is not None:
+                drafts[state.rows.start] = drafted
+            expected += state.drafter.expected(drafted.shape[0]) if drafted is not None else state.batch
+        rows = sum(s.batch for s in decoding)
+        decode_batch = covering(self.runner.decode.batches, width, len(self.scheduler.owners))
+        return drafts if drafts and self.costs.pays(decode_batch, batch, rows, expected) else None
+
+    def _verify(self, decoding: list[RequestState], width: int, drafts: dict[int, torch.Tensor]) -> None:
+        """One verify step: each request takes its next token and then its drafts while they are what
+        it would have chosen (runtime.engine.request.RequestState.choose), as many tokens as it accepts."""
+        self.verify_steps += 1
+        start = time.perf_counter()
+        try:
+            logits = self.runner.verify(decoding, width, drafts)  # (width, k + 1, vocab)
+        except BaseException as e:  # as in _step
+            for state in decoding:
+                self._end(state, FinishReason.FAILED, e)
+            return
+        self.costs.timed("verify", covering(self.runner.decode.verify_batches, width, len(self.scheduler.owners)), start)
+        for state in decoding:
+            try:
+                self._accept(state, logits[state.rows], drafts.get(state.rows.start))
+            except BaseException as e:
+                self._end(state, FinishReason.FAILED, e)
+
+    def _accept(self, state: RequestState, logits: torch.Tensor, drafted: torch.Tensor | None) -> None:
+        """logits (b, k + 1, vocab): the request's tokens from one verify step; `drafted` (d,) its drafts."""
+        if drafted is None:
+            self._emit(state, logits[:, 0])
+            return
+        accepted = 0
+        for j in range(drafted.shape[0] + 1):
+            guess = int(drafted[j]) if j < drafted.shape[0] else None
+            token = state.choose(logits[:, j], None, guess)  # (1,)
+            state.put(token, logits[:, j])
+            if state.done or guess is None or int(token) != guess:
+                break
+            accepted += 1
+        state.drafter.record(drafted.shape[0], accepted)
+        self.drafted, self.accepted = self.drafted + drafted.shape[0], self.accepted + accepted
+        self.runner.settle(state, accepted, drafted.shape[0])  # before _end: the row keeps what it holds
+        if state.done:
+            self._end(state)
+        else:
+            self.runner.feed(state, token)
 
     def _emit(self, state: RequestState, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> None:
         token = state.choose(logits, argmax)  # (b,)
@@ -295,6 +373,9 @@ def _reusable(request: Request, reuse: int) -> int:
     feeds (none when the prompt ends in an image token: such a prompt is prefilled whole)."""
     return 0 if request.ends_in_image else max(0, min(reuse, request.prompt_len - 1))
 
+
+# HF's prompt lookup matches n-grams of up to 2 tokens unless `max_matching_ngram_size` says otherwise
+DEFAULT_NGRAM = 2
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
 

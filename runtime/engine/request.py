@@ -31,7 +31,8 @@ from transformers.generation.stopping_criteria import (
 )
 
 from runtime.engine.prefix import image_digests
-from runtime.engine.sampling import next_token
+from runtime.engine.sampling import next_token, probabilities
+from runtime.engine.speculation import rejection_sample
 from runtime.engine.status import FinishReason, Status
 
 # Several criteria can end a row at the same step: the model's own stop wins, then the request's stops,
@@ -110,6 +111,7 @@ class RequestState:
         self.error: BaseException | None = None
         self.stream: queue.SimpleQueue = queue.SimpleQueue()  # (tokens (b,), logits or None) per step, then _END
         self.finished = threading.Event()
+        self.drafter = None  # runtime.engine.speculation.Drafter when it drafts tokens (the engine sets it)
 
     # ---- what the scheduler plans with: plain numbers ----
     @property
@@ -137,15 +139,22 @@ class RequestState:
         as 8 calls)."""
         return not self.request.processors and not self.request.config.do_sample
 
-    def choose(self, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> torch.Tensor:
+    def choose(
+        self, logits: torch.Tensor, argmax: torch.Tensor | None = None, draft: int | None = None
+    ) -> torch.Tensor:
         """logits (b, vocab) raw fp32 -> the next token ids (b,); finished rows get the pad id.
-        `argmax` (b,): the logits' argmax, already taken, for a `plain_greedy` request."""
+        `argmax` (b,): the logits' argmax, already taken, for a `plain_greedy` request. `draft`: the token
+        drafted for this position (one row): a sampled request accepts it by the rejection rule
+        (runtime.engine.speculation), a greedy one when it is the argmax."""
         r = self.request
         # A processor may write its input in place; the raw logits need a copy only if the caller gets
         # them (a 262k-vocabulary copy cost 1-5 ms a token, as much as the rest of the engine)
         protect = bool(r.processors) and self.want_logits
         scores = r.processors(self.history, logits.clone() if protect else logits)  # (b, vocab)
-        token = argmax if argmax is not None else next_token(scores, r.config.do_sample, r.generator)
+        if draft is not None and r.config.do_sample:
+            token = rejection_sample(probabilities(scores), draft, r.generator)
+        else:
+            token = argmax if argmax is not None else next_token(scores, r.config.do_sample, r.generator)
         if self.pads:
             token = torch.where(self.unfinished, token, torch.full_like(token, r.pad_id))  # (b,)
         self.history = torch.cat([self.history, token[:, None]], dim=-1)

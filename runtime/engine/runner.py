@@ -128,6 +128,38 @@ class Runner:
         logits = self.decode(self.tokens[:rows], *self.positions.inputs(rows), [t[:rows] for t in self.kv])
         return logits[:width].float()
 
+    @property
+    def draft_tokens(self) -> int:
+        """k: drafted tokens a verify step takes a row (0: the decode has no verify step)."""
+        return self.decode.contract.draft_tokens if self.decode.verify_batches else 0
+
+    def verify_batch(self, width: int) -> int | None:
+        """The verify graph's batch covering the first `width` rows, if every row it steps has room for
+        its next token and k drafts in the cache (idle and parked rows write k + 1 slots too); else None."""
+        rows = covering(self.decode.verify_batches, width, self.tokens.shape[0])
+        end = int(self.positions.index[:rows].max()) + 1 + self.draft_tokens  # the furthest write
+        return rows if end < self.positions.pad_mask.shape[1] else None
+
+    def verify(self, decoding: list[RequestState], width: int, drafts: dict[int, torch.Tensor]) -> torch.Tensor:
+        """One verify call: every decoding request's rows take their next token, and a row with drafts
+        (`drafts`: row -> ids (d,), d <= k) takes them after it. Returns the raw logits (width, k + 1,
+        vocab) fp32, after each token; `settle` then says how many drafts each row keeps."""
+        active = torch.zeros(self.tokens.shape[0], dtype=torch.bool, device=self.tokens.device)  # (B,)
+        for state in decoding:
+            active[state.rows] = True
+        self.positions.advance(active)
+        rows, k = covering(self.decode.verify_batches, width, self.tokens.shape[0]), self.draft_tokens
+        tokens = self.tokens[:rows].repeat(1, k + 1)  # (rows, k + 1): past a row's drafts, queries nobody reads
+        for row, drafted in drafts.items():
+            tokens[row, 1 : 1 + drafted.shape[0]] = drafted
+            self.positions.reach(slice(row, row + 1), drafted.shape[0])
+        logits = self.decode(tokens, *self.positions.inputs(rows, k + 1), [t[:rows] for t in self.kv])
+        return logits[:width].float()
+
+    def settle(self, state: RequestState, accepted: int, drafted: int) -> None:
+        """After a verify step: the request's row keeps `accepted` of its `drafted` tokens."""
+        self.positions.settle(state.rows, accepted, drafted)
+
     def feed(self, state: RequestState, token: torch.Tensor) -> None:
         """The request's rows take `token` (b,) at the next step."""
         self.tokens[state.rows] = token[:, None]

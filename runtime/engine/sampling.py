@@ -23,6 +23,11 @@ def greedy(scores: torch.Tensor) -> torch.Tensor:
 
 def sample(scores: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """scores (B, vocab), already warped -> token ids (B,), drawn with `generator`."""
+    return torch.multinomial(probabilities(scores), num_samples=1, generator=generator).squeeze(1)
+
+
+def probabilities(scores: torch.Tensor) -> torch.Tensor:
+    """scores (B, vocab), already warped -> the sampling distribution (B, vocab), refused if not finite."""
     probs = torch.softmax(scores, dim=-1)  # (B, vocab)
     if not bool(torch.isfinite(probs).all()):  # multinomial would raise a bare RuntimeError
         raise InvalidInputError(
@@ -30,7 +35,7 @@ def sample(scores: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
             "as 1e-300 does that) or a logits processor produced NaN; use a temperature >= 1e-5, or greedy "
             "decoding (do_sample=False)"
         )
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+    return probs
 
 
 def next_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:

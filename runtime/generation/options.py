@@ -65,6 +65,9 @@ RULES = {
     "eta_cutoff": (lambda v: _real(v) and 0 <= v < 1, "a number in [0, 1)"),
     "num_return_sequences": (lambda v: _int(v) and v >= 1, "a positive integer"),
     "num_beams": (lambda v: _int(v) and v >= 1, "a positive integer"),
+    # speculative decoding by prompt lookup (runtime.engine.speculation); 0 turns it off for the request
+    "prompt_lookup_num_tokens": (lambda v: _int(v) and v >= 0, "an integer >= 0 (0: no drafts)"),
+    "max_matching_ngram_size": (lambda v: _int(v) and v >= 1, "a positive integer"),
     **{
         name: (lambda v: isinstance(v, bool), "True or False")
         for name in (

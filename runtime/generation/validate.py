@@ -50,6 +50,9 @@ GENERATE_KWARGS = (
     "bos_token_id",
     "stop_strings",  # with the bundle's tokenizer (or `tokenizer=`), through HF's StopStringCriteria
     "num_return_sequences",
+    # drafts a step by prompt lookup (at most the bundle's --speculate; 0: none), and the n-gram they match
+    "prompt_lookup_num_tokens",
+    "max_matching_ngram_size",
     "return_dict_in_generate",
     "output_scores",
     "output_logits",
