@@ -41,6 +41,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         help="the batches to compile a decode graph for, --batch-size among them (default: 1,2,4,... and "
         "--batch-size); each costs a compile, and the engine steps the smallest covering the rows in use",
     )
+    e.add_argument(
+        "--speculate",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also compile a verify graph per batch taking K drafted tokens a row (speculative decoding by "
+        "prompt lookup: text that copies its input, such as edits, summaries and RAG answers, decodes up to "
+        "K + 1 tokens a step); each costs a compile; 0 (default): none",
+    )
     e.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     e.add_argument("--device", default="cpu", help="cpu or cuda")
     e.add_argument("--cpu-isa", default="native", help="native (this CPU) or avx2 (portable x86-64)")
@@ -254,6 +263,7 @@ def _export(args) -> int:
         generation=generation.parse(args.generation),
         chat_template=templates.read_chat(args.chat_template),
         response_template=templates.read_response(args.response_template),
+        speculate=args.speculate,
     )
     start = time.perf_counter()
     progress = Progress(

@@ -28,23 +28,24 @@ from runtime.quant import SCHEMES
 
 
 @torch.no_grad()
-def export_decode(step, contract: DecodeContract, batch: int | None = None):
+def export_decode(step, contract: DecodeContract, batch: int | None = None, tokens: int = 1):
     """Trace `step` for exactly `batch` rows, or for a dynamic batch (None: 1..batch_size, as decode.onnx
-    takes it), over a dynamic span."""
+    takes it), over a dynamic span; `tokens` a row (k + 1: a verify graph)."""
     with grouped_query_sdpa():
-        return torch.export.export(
-            step, example_inputs(contract, batch), dynamic_shapes=dynamic_shapes(contract, batch), strict=False
-        )
+        inputs = example_inputs(contract, batch, tokens)
+        return torch.export.export(step, inputs, dynamic_shapes=dynamic_shapes(contract, batch), strict=False)
 
 
-def example_inputs(contract: DecodeContract, batch: int | None = None) -> tuple:
-    """Inputs to trace with, at `batch` rows (None: the largest) and the largest span: a dynamic dimension
-    traced at 1 would be specialised."""
+def example_inputs(contract: DecodeContract, batch: int | None = None, tokens: int = 1) -> tuple:
+    """Inputs to trace with, at `batch` rows (None: the largest), `tokens` a row and the largest span: a
+    dynamic dimension traced at 1 would be specialised."""
     batch, span, device = batch or contract.batch_size, contract.max_cache_len, contract.device
     fixed = [
-        torch.zeros(contract.shape(s, batch, span), dtype=getattr(torch, s.dtype), device=device) for s in STEP_INPUTS
+        torch.zeros(contract.shape(s, batch, span, tokens), dtype=getattr(torch, s.dtype), device=device)
+        for s in STEP_INPUTS
     ]
     fixed[INPUT_NAMES.index("cache_position")] += torch.arange(1, batch + 1)  # rows stand apart
+    fixed[INPUT_NAMES.index("position_ids")] += torch.arange(tokens)  # a verify row's tokens follow each other
     fixed[INPUT_NAMES.index("pad_mask")] |= True
     return (*fixed, *allocate(contract.layout, batch, getattr(torch, contract.dtype), device))
 
@@ -89,6 +90,7 @@ def inductor_options(
     batch: int | None = None,
     quantization: Quantization | None = None,
     native: NativeKernels | None = None,
+    tokens: int = 1,
 ) -> dict:
     """The options of one decode graph: kernel_options, the contract's fingerprint in its metadata, and for
     the integer family's layers, aotpack's kernels (`native`): the graph calls their C shims directly (a
@@ -97,7 +99,7 @@ def inductor_options(
     dequantizing = quantization is not None and quantization.kernels == INDUCTOR
     options = kernel_options(device, cpu_isa, dequantizing)
     # What the .so was compiled for, inside the .so: load() refuses a manifest that says otherwise.
-    options["aot_inductor.metadata"] = {METADATA_KEY: contract.fingerprint(batch)}
+    options["aot_inductor.metadata"] = {METADATA_KEY: contract.fingerprint(batch, tokens)}
     if native is not None:
         shims = {s.op: [s.c_shim] for s in SCHEMES.values() if s.c_shim}
         options |= {"aot_inductor.custom_ops_to_c_shims": shims, "aot_inductor.custom_op_libs": [f":{native.soname}"]}
@@ -137,6 +139,6 @@ def _kept(files: list, into: Path, metadata: dict) -> list:
     return kept
 
 
-def package_graphs(compiled: dict[int, list], package: Path) -> Path:
-    """One `.pt2` holding each batch's compiled graph under runtime.format.contract.graph_name(batch)."""
-    return Path(aoti_package(str(package), {graph_name(batch): files for batch, files in compiled.items()}))
+def package_graphs(compiled: dict[tuple[int, int], list], package: Path) -> Path:
+    """One `.pt2` holding each (batch, tokens) graph under runtime.format.contract.graph_name(batch, tokens)."""
+    return Path(aoti_package(str(package), {graph_name(*key): files for key, files in compiled.items()}))

@@ -13,7 +13,7 @@ from pathlib import Path
 from exporter import generation
 from runtime.errors import ExportError
 from runtime.format.files import MANIFEST
-from runtime.format.manifest import DEVICES, DTYPES, RECIPES, SCALE_SEARCHES
+from runtime.format.manifest import DEVICES, DTYPES, MAX_DRAFT_TOKENS, RECIPES, SCALE_SEARCHES
 from runtime.format.quant import GROUP_SIZES, INDUCTOR, INT4, INTEGER, METHODS, QuantSpec
 
 CPU_ISAS = ("native", "avx2")
@@ -49,6 +49,9 @@ class ExportConfig:
     chat_template: str | None = None  # Jinja text over the checkpoint's (exporter.templates)
     response_template: str | None = None  # transformers' response-template JSON: how the model writes calls
     parity_steps: int = 8
+    # k: compile a verify graph beside each decode graph taking a row's next token and k drafted ones
+    # (speculative decoding by prompt lookup, runtime.engine.speculation); 0: none
+    speculate: int = 0
 
     def __post_init__(self):
         for key, limit in (("max_cache_len", MAX_CACHE_LEN), ("batch_size", MAX_BATCH), ("parity_steps", 1024)):
@@ -56,6 +59,7 @@ class ExportConfig:
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
                 raise ExportError(f"--{key.replace('_', '-')} must be an integer from 1 to {limit}, got {value!r}")
         self._check_buckets()
+        self._check_speculate()
         if self.max_cache_len < 2:
             raise ExportError(f"--max-cache-len {self.max_cache_len} leaves no room to decode; use at least 2")
         if self.dtype not in DTYPES:
@@ -144,6 +148,15 @@ class ExportConfig:
             raise ExportError(
                 "--quant-kernels integer runs aotpack's CPU kernels; use --quant-kernels inductor for "
                 f"--device {self.device}"
+            )
+
+    def _check_speculate(self) -> None:
+        k = self.speculate
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_DRAFT_TOKENS:
+            raise ExportError(f"--speculate must be an integer from 0 (none) to {MAX_DRAFT_TOKENS} drafts, got {k!r}")
+        if k and k + 2 > self.max_cache_len:
+            raise ExportError(
+                f"--speculate {k} needs room for {k + 1} tokens past the prompt; raise --max-cache-len above {k + 1}"
             )
 
     def _check_onnx(self) -> None:

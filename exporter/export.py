@@ -82,9 +82,11 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     del float32
     quantization, family = _quantize(config, model, plan, progress) if plan else (None, None)
     native = family.built if family else None
-    layout = cache_layout(model, config.max_cache_len)
+    layout = cache_layout(model, config.max_cache_len, config.speculate)
     step = decode_module(model, layout)
-    contract = DecodeContract(layout, config.batch_size, config.max_cache_len, config.dtype, config.device)
+    contract = DecodeContract(
+        layout, config.batch_size, config.max_cache_len, config.dtype, config.device, config.speculate
+    )
     options = inductor_options(config.device, config.cpu_isa, contract, None, quantization)
     kernel = _attention(model, config, attention, options, progress)
     graphs, package = _compile_graphs(config, model, step, contract, kernel, quantization, native, progress, staging)
@@ -95,7 +97,7 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
             shutil.copyfile(native.path, staging / KERNELS)
     manifest = replace(
         manifest, attn_implementation=attention, quantization=quantization, graphs=tuple(graphs),
-        decode_attention=kernel, native=native and native.record,
+        decode_attention=kernel, native=native and native.record, draft_tokens=config.speculate,
     )  # fmt: skip
     if config.onnx:
         with stage("onnx", "exporting the decode step to ONNX (decode.onnx) for ONNX Runtime"):
@@ -106,17 +108,19 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
 
 
 def _compile_graphs(config, model, step, contract, kernel, quantization, native, progress, staging: Path):
-    """Every batch bucket's graph, compiled in turn (each C++ compile already uses every core) and packaged
-    into one decode.pt2; returns (the graphs' manifest entries, the package)."""
+    """Every batch bucket's decode graph, and with --speculate its verify graph, compiled in turn (each C++
+    compile already uses every core) and packaged into one decode.pt2; returns (the graphs' manifest
+    entries, the package)."""
     graphs, files = [], {}
     record = native.record if native else None
+    shapes = [(b, 1) for b in config.buckets] + [(b, config.speculate + 1) for b in config.buckets if config.speculate]
     with tempfile.TemporaryDirectory(prefix="aotpack-graphs-") as compiled:  # each graph's own files
-        for batch in config.buckets:
-            into = Path(compiled) / f"batch{batch}"
-            options = inductor_options(config.device, config.cpu_isa, contract, batch, quantization, record)
+        for batch, tokens in shapes:
+            into = Path(compiled) / graph_name(batch, tokens)
+            options = inductor_options(config.device, config.cpu_isa, contract, batch, quantization, record, tokens)
             with kernels.linkable(native):
-                graph, files[batch] = _compile_graph(
-                    config, model, step, contract, kernel, batch, options, progress, into
+                graph, files[batch, tokens] = _compile_graph(
+                    config, model, step, contract, kernel, (batch, tokens), options, progress, into
                 )
             graphs.append(graph)
         return graphs, package_graphs(files, staging / DECODE)
@@ -135,18 +139,20 @@ def _quantize(config: ExportConfig, model, plan: Quantization, progress: Progres
     return plan, family
 
 
-def _compile_graph(config, model, step, contract, kernel, batch: int, options: dict, progress: Progress, into):
-    """The decode graph for exactly `batch` rows: traced, its GEMV kernels chosen for that batch, compiled
-    (its files kept in the directory `into`). Returns (its manifest entry, parity still to check; the files)."""
-    start, stage = time.perf_counter(), progress.stage
-    message = f"exporting the batch-{batch} decode step of {type(model).__name__} ({len(contract.layout)} layers, "
+def _compile_graph(config, model, step, contract, kernel, shape, options: dict, progress: Progress, into):
+    """The graph for exactly `shape` = (batch rows, tokens a row): traced, its GEMV kernels chosen for its
+    batch x tokens activation rows, compiled (its files kept in the directory `into`). Returns (its
+    manifest entry, parity still to check; the files)."""
+    (batch, tokens), start, stage = shape, time.perf_counter(), progress.stage
+    what = f"batch-{batch} decode step" if tokens == 1 else f"batch-{batch} verify step ({tokens} tokens a row)"
+    message = f"exporting the {what} of {type(model).__name__} ({len(contract.layout)} layers, "
     with stage("trace", message + f"cache {config.max_cache_len})"), decode_attention.installed(model, kernel):
-        exported = export_decode(step, contract, batch)
-    lowerings = _lowerings(config, weight_shapes(exported), options, batch, progress)
-    with stage("compile", f"compiling with AOTInductor: the batch-{batch} graph"):
+        exported = export_decode(step, contract, batch, tokens)
+    lowerings = _lowerings(config, weight_shapes(exported), options, batch * tokens, progress)
+    with stage("compile", f"compiling with AOTInductor: the {what}"):
         files = compile_graph(lower(exported, lowerings), options, into)
     seconds = round(time.perf_counter() - start, 1)
-    return DecodeGraph(batch, lowerings, Parity(0, 0.0, 0.0, False), seconds), files
+    return DecodeGraph(batch, lowerings, Parity(0, 0.0, 0.0, False), seconds, tokens), files
 
 
 def _parity(config, staging: Path, manifest: Manifest, model, tokenizer, package: Path, contract) -> Manifest:
@@ -156,10 +162,11 @@ def _parity(config, staging: Path, manifest: Manifest, model, tokenizer, package
     integer = manifest.native is not None
     graphs = []
     for graph in manifest.graphs:
-        name = f"compiled decode (batch {graph.batch})"
-        report = check_parity(model, {name: compiled}, contract, tokenizer, config.parity_steps, graph.batch, integer)
-        report = report[name]
-        graphs.append(replace(graph, parity=report))
+        name = f"compiled {'decode' if graph.tokens == 1 else 'verify'} (batch {graph.batch})"
+        report = check_parity(
+            model, {name: compiled}, contract, tokenizer, config.parity_steps, graph.batch, integer, graph.tokens > 1
+        )
+        graphs.append(replace(graph, parity=report[name]))
     reports = [g.parity for g in graphs]
     if config.onnx:
         onnx = OnnxRuntimeDecode(staging / DECODE_ONNX, model, manifest)
@@ -212,7 +219,7 @@ def _lowerings(config: ExportConfig, shapes, options: dict, batch: int, progress
 
 def _draft_manifest(config: ExportConfig, model, step, layout, package: Path, aliases: dict[str, str]) -> Manifest:
     """Everything but the file hashes, timings, parity and accuracy, which come last."""
-    metadata, names = package_metadata_and_constants(str(package), graph_name(config.buckets[0]))
+    metadata, names = package_metadata_and_constants(str(package), graph_name(config.buckets[0]))  # a decode graph
     constants = constant_sources(step, model, names, aliases)
     return Manifest(
         format_version=FORMAT_VERSION,

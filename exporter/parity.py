@@ -47,14 +47,41 @@ def parity_prompt(tokenizer, batch: int, max_len: int, device) -> tuple[torch.Te
 
 @torch.inference_mode()
 def check_parity(
-    model, decodes: dict, contract: DecodeContract, tokenizer, steps: int, rows: int, integer: bool = False
+    model,
+    decodes: dict,
+    contract: DecodeContract,
+    tokenizer,
+    steps: int,
+    rows: int,
+    integer: bool = False,
+    verify: bool = False,
 ) -> dict[str, Parity]:
     """Each of `decodes` ({name in the error: decode}) against one eager generate of a left-padded batch
     of `rows` rows, teacher-forced; returns each one's report, or raises for the first that fails.
-    `integer`: the model's linear layers quantize their activations (INTEGER_TOLERANCE)."""
+    `integer`: the model's linear layers quantize their activations (INTEGER_TOLERANCE). `verify`: the
+    rows go as `rows` one-row requests that draft the reference's own tokens, so that their steps are
+    verify steps accepting every draft (runtime.engine.speculation), each row against its own generate."""
     ids, mask = parity_prompt(tokenizer, rows, max(1, contract.max_cache_len // 2), contract.device)
     steps = min(steps, contract.max_cache_len - ids.shape[1])  # leave room to decode
-    ref = model.generate(
+    prompts = [ids[r : r + 1, -int(mask[r].sum()) :] for r in range(rows)] if verify else [ids]
+    refs = [_generate(model, p, torch.ones_like(p) if verify else mask, steps) for p in prompts]
+    ref_tokens = torch.cat([r.sequences[:, r.sequences.shape[1] - steps :] for r in refs])  # (b, steps)
+    ref_logits = [torch.cat(step) for step in zip(*(r.logits for r in refs), strict=True)]  # steps x (b, vocab)
+    reports = {}
+    for what, decode in decodes.items():
+        if verify:
+            ours = _drafted(model, decode, contract, tokenizer, prompts, ref_tokens)
+        else:
+            ours = _teacher_forced(model, decode, contract, tokenizer, ids, mask, ref_tokens)
+        if len(ours) != steps:
+            raise ExportError(f"parity check failed: {what} stopped after {len(ours)} of {steps} forced steps")
+        relative = max(RELATIVE_TOLERANCE[contract.dtype], INTEGER_TOLERANCE if integer else 0.0)
+        reports[what] = _report(what, ours, ref_logits, steps, relative, contract.dtype == "float32" and not integer)
+    return reports
+
+
+def _generate(model, ids, mask, steps: int):
+    return model.generate(
         input_ids=ids,
         attention_mask=mask,
         max_new_tokens=steps,
@@ -63,15 +90,6 @@ def check_parity(
         output_logits=True,
         return_dict_in_generate=True,
     )
-    ref_tokens = ref.sequences[:, ids.shape[1] :]  # (b, steps)
-    reports = {}
-    for what, decode in decodes.items():
-        ours = _teacher_forced(model, decode, contract, tokenizer, ids, mask, ref_tokens)
-        if len(ours) != steps:
-            raise ExportError(f"parity check failed: {what} stopped after {len(ours)} of {steps} forced steps")
-        relative = max(RELATIVE_TOLERANCE[contract.dtype], INTEGER_TOLERANCE if integer else 0.0)
-        reports[what] = _report(what, ours, ref.logits, steps, relative, contract.dtype == "float32" and not integer)
-    return reports
 
 
 def _report(what: str, ours: list[torch.Tensor], ref_logits, steps: int, relative: float, tokens: bool) -> Parity:
@@ -101,19 +119,63 @@ class _Forced:
         return torch.full_like(scores, -float("inf")).scatter(1, forced[:, None], 0.0)
 
 
-def _teacher_forced(model, decode, contract, tokenizer, ids, mask, tokens) -> list[torch.Tensor]:
-    """The raw logits (b, vocab) of each step, the engine fed the reference's `tokens` (b, steps). Its
-    cache holds only the prompt's rows (the decode checks its inputs against its own contract)."""
-    contract = replace(contract, batch_size=ids.shape[0])
-    engine = Engine(model, decode, contract)
+class _Reference:
+    """Drafts the reference's own next tokens (a drafter as runtime.engine.speculation.Drafter's), so
+    every draft is accepted and each verify step's logits are compared at every position."""
+
+    def __init__(self, tokens: torch.Tensor, prompt_len: int):
+        self.tokens, self.prompt_len = tokens, prompt_len  # (steps,)
+
+    def propose(self, history: torch.Tensor, room: int) -> torch.Tensor | None:
+        at = history.shape[1] - self.prompt_len
+        drafts = self.tokens[at : at + room]
+        return drafts if drafts.numel() else None
+
+    def expected(self, drafts: int) -> float:
+        return 1.0 + drafts
+
+    def record(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+def _engine(model, decode, contract, tokenizer, rows: int) -> tuple[Engine, Validator]:
+    """An engine whose cache holds only `rows` rows (the decode checks its inputs against its own contract)."""
+    contract = replace(contract, batch_size=rows)
     vocab = model.config.get_text_config().vocab_size
-    validator = Validator(model, contract, vocab, tokenizer=lambda: tokenizer)
+    return Engine(model, decode, contract), Validator(model, contract, vocab, tokenizer=lambda: tokenizer)
+
+
+def _forced_request(validator: Validator, ids, mask, tokens: torch.Tensor):
     forced = [_Forced(tokens, ids.shape[1])]
     try:
-        request = validator.request(ids, mask, max_new_tokens=tokens.shape[1], do_sample=False, logits_processor=forced)
+        return validator.request(ids, mask, max_new_tokens=tokens.shape[1], do_sample=False, logits_processor=forced)
     except AotpackError as e:  # the checkpoint's own generation defaults refused (a pad id past its vocabulary)
         raise ExportError(f"parity check could not run: {e}") from None
+
+
+def _teacher_forced(model, decode, contract, tokenizer, ids, mask, tokens) -> list[torch.Tensor]:
+    """The raw logits (b, vocab) of each step, the engine fed the reference's `tokens` (b, steps)."""
+    engine, validator = _engine(model, decode, contract, tokenizer, ids.shape[0])
     try:
+        request = _forced_request(validator, ids, mask, tokens)
         return [logits for _, logits in engine.submit(request, want_logits=True)]
+    finally:
+        engine.close()
+
+
+def _drafted(model, decode, contract, tokenizer, prompts: list, tokens) -> list[torch.Tensor]:
+    """The raw logits (b, vocab) of each token, `prompts` (1, S_i) each its own request drafting and fed
+    the reference's `tokens` (b, steps), all at once: the engine verifies them in one batch."""
+    engine, validator = _engine(model, decode, contract, tokenizer, len(prompts))
+    try:
+        handles = []
+        with engine.together():  # one batch of len(prompts) rows from the first step
+            for i, ids in enumerate(prompts):
+                request = _forced_request(validator, ids, torch.ones_like(ids), tokens[i : i + 1])
+                handles.append(engine.submit(request, want_logits=True, drafter=_Reference(tokens[i], ids.shape[1])))
+        rows = [[logits for _, logits in handle] for handle in handles]
+        if ("verify", len(prompts)) not in engine.costs.seconds:
+            raise ExportError(f"parity check failed: the batch-{len(prompts)} verify graph was never stepped")
+        return [torch.cat(step) for step in zip(*rows, strict=False)]
     finally:
         engine.close()

@@ -185,14 +185,19 @@ def in_fresh_thread(body):
 
 
 @contextmanager
-def graphs_stepped(rt):
-    """The batch of each compiled graph the runtime's decode steps inside the block, in order."""
-    stepped, runs = [], rt.decode._runs
+def graphs_stepped(rt, verify: list | None = None):
+    """The batch of each compiled decode graph the runtime's decode steps inside the block, in order (and
+    into `verify`, each verify graph's)."""
+    stepped, runs, verifies = [], rt.decode._runs, rt.decode._verifies
     rt.decode._runs = {b: (lambda inputs, b=b, run=run: stepped.append(b) or run(inputs)) for b, run in runs.items()}
+    if verify is not None:
+        rt.decode._verifies = {
+            b: (lambda inputs, b=b, run=run: verify.append(b) or run(inputs)) for b, run in verifies.items()
+        }
     try:
         yield stepped
     finally:
-        rt.decode._runs = runs
+        rt.decode._runs, rt.decode._verifies = runs, verifies
 
 
 def prefilled_step(rt, ids, rows: int | None = None):

@@ -75,6 +75,12 @@ def _add_load(p) -> None:
     )
     p.add_argument("--prepack", action="store_true", help="onnxruntime: prepack the weights (faster, a second copy)")
     p.add_argument(
+        "--no-speculation",
+        action="store_true",
+        help="never draft tokens (default: a bundle exported with --speculate drafts by prompt lookup for greedy "
+        "requests when it pays, and for sampled ones that ask with prompt_lookup_num_tokens)",
+    )
+    p.add_argument(
         "--key", type=Path, action="append", help="trusted public key (PEM): load only a bundle it signed; repeat"
     )
 
@@ -83,8 +89,9 @@ def load_config(args, **extra):
     from runtime.config import LoadConfig
 
     return LoadConfig(
-        num_threads=args.threads, backend=args.backend, prepack=args.prepack, trusted_keys=args.key, **extra
-    )
+        num_threads=args.threads, backend=args.backend, prepack=args.prepack, trusted_keys=args.key,
+        speculation=not args.no_speculation, **extra,
+    )  # fmt: skip
 
 
 def _add_chat(sub) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+from contextlib import contextmanager
 import time
 import weakref
 
@@ -90,6 +91,12 @@ class Engine:
                 self._thread.start()
             self._cond.notify()
         return Handle(state, self.cancel)
+
+    @contextmanager
+    def together(self):
+        """Requests submitted inside the block are planned together: no iteration starts before it ends."""
+        with self._cond:
+            yield
 
     def cancel(self, state: RequestState) -> None:
         """Stop a request; its rows are freed before the next step."""

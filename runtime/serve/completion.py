@@ -45,6 +45,8 @@ def generate_options(request, rt, prompt_tokens: int) -> dict:
         options["stop_strings"] = list(request.stop)
     if request.seed is not None:
         options["generator"] = torch.Generator(rt.contract.device).manual_seed(request.seed)
+    if request.prompt_lookup_num_tokens is not None:
+        options["prompt_lookup_num_tokens"] = request.prompt_lookup_num_tokens
     return options
 
 

@@ -1,14 +1,16 @@
 """Prometheus metrics of one server, in a registry of its own (two apps in one process stay apart).
 
 Owns: requests by endpoint and status, prompt and generated tokens, prefix-cache hits and the prompt
-tokens they skipped, queue depth and cache rows in use
-(read from the engine when scraped), and histograms of time to first token and inter-token latency
+tokens they skipped, speculative decoding's drafted and accepted tokens and verify steps, queue depth
+and cache rows in use (read from the engine when scraped), and histograms of time to first token and inter-token latency
 (from the engine's own token times, runtime.engine.request).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -27,6 +29,7 @@ class Metrics:
         self.cached_tokens = Counter(
             "aotpack_prefix_cache_tokens", "prompt tokens found in the cache, not prefilled", registry=r
         )
+        r.register(_Speculation(engine))
         queue = Gauge("aotpack_queue_depth", "requests waiting for cache rows", registry=r)
         queue.set_function(lambda: engine.load[1])
         in_use = Gauge("aotpack_slots_in_use", "cache rows held by requests", registry=r)
@@ -65,3 +68,20 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Speculation(Collector):
+    """Speculative decoding's totals, read from the engine when scraped: drafted and accepted tokens (their
+    ratio is the acceptance rate) and verify steps."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        e = self.engine
+        for name, what, value in (
+            ("aotpack_spec_drafted_tokens", "tokens drafted by prompt lookup", e.drafted),
+            ("aotpack_spec_accepted_tokens", "drafted tokens the model accepted", e.accepted),
+            ("aotpack_spec_verify_steps", "verify steps (each also gives its rows' next token)", e.verify_steps),
+        ):
+            yield CounterMetricFamily(name, what, value=value)

@@ -69,6 +69,9 @@ class Sampling(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
+    # aotpack's extension, HF generate's name: drafted tokens a step by prompt lookup, up to the bundle's
+    # --speculate (0: none; unset: the bundle's for greedy requests, none for sampled ones)
+    prompt_lookup_num_tokens: int | None = Field(default=None, ge=0, le=64)
     # OpenAI fields aotpack does not implement yet: each would change the answer, so a value that is not
     # the field's no-op is refused rather than silently ignored.
     # Structured output (runtime.generation.grammar): OpenAI's response_format, or vLLM's

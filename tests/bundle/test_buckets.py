@@ -17,9 +17,6 @@ from runtime.model.positions import RowPositions
 
 NAME = "tiny-gemma3"  # sliding window 8 beside full layers
 BUCKETS = ("--gemv", "reduce", "--batch-size", "8", "--batch-buckets", "1,4,8")
-# One worker builds this bundle (minutes) and runs every test on it: split across two, the second waited
-# for the first's build (180 s idle in CI).
-pytestmark = pytest.mark.xdist_group("buckets")
 
 
 @pytest.fixture(scope="module")
