@@ -218,6 +218,14 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         help="--streams: tokens of the prompt admitted late; --prefix-cache: of the shared system prompt",
     )
     b.add_argument("--prefill-chunk", type=int, default=32, help="--streams: chunk size for the chunked admission")
+    b.add_argument(
+        "--speculate",
+        type=int,
+        default=0,
+        metavar="K",
+        help="prompt-lookup speculative decoding with K drafts against plain decoding, one stream, on "
+        "input-grounded tasks and free text (--model may be a bundle exported with --speculate; writes speculation.md)",
+    )
     return p, handlers | add_commands(sub)
 
 
@@ -322,6 +330,7 @@ def _bench(args) -> int:
         structured=args.structured,
         prefix_cache=args.prefix_cache,
         onnx=args.onnx,
+        speculate=args.speculate,
     )
     bench(config, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     print((config.out / mode_of(config).report).read_text())
@@ -336,7 +345,10 @@ def _token_counts(text: str) -> tuple[int, ...]:
 
 
 def _default_dtypes(args) -> tuple[str, ...]:
-    """Both float dtypes; with --streams one variant: bfloat16 unless a --quantize names it."""
+    """Both float dtypes; with --streams one variant: bfloat16 unless a --quantize names it; with --speculate
+    float32 unless a --quantize names it."""
+    if args.speculate:
+        return () if args.quantize else ("float32",)
     if not args.streams:
         return ("float32", "bfloat16")
     return () if args.quantize else ("bfloat16",)

@@ -33,10 +33,17 @@ def run(cmd: list[str], env: dict | None = None) -> str:
 
 
 def export_variant(
-    checkpoint: Path, bundle: Path, variant: str, max_cache_len: int, gemv: str, batch: int = 1, onnx: bool = False
+    checkpoint: Path,
+    bundle: Path,
+    variant: str,
+    max_cache_len: int,
+    gemv: str,
+    batch: int = 1,
+    onnx: bool = False,
+    extra: tuple[str, ...] = (),
 ) -> float:
-    """Build the variant's bundle with `aotpack export` (`onnx`: with decode.onnx); returns the build time
-    in seconds."""
+    """Build the variant's bundle with `aotpack export` (`onnx`: with decode.onnx; `extra`: more export
+    options); returns the build time in seconds."""
     start = time.perf_counter()
     quantize = ["--quantize", variant] if variant in METHODS else []
     quantize += ["--onnx"] if onnx else []
@@ -58,6 +65,7 @@ def export_variant(
             str(max_cache_len),
             "--batch-size",
             str(batch),
+            *extra,
             "--force",
         ]
     )

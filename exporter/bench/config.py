@@ -50,6 +50,7 @@ class BenchConfig:
     structured: bool = False  # with serve: JSON-schema-constrained against free streams (exporter.bench.structured)
     prefix_cache: bool = False  # with serve: time to first token under a shared system prompt (exporter.bench.prefix)
     onnx: bool = False  # the float32 bundle also decodes on ONNX Runtime (its decode.onnx), as two more systems
+    speculate: int = 0  # K: prompt-lookup speculative decoding against plain, one stream (exporter.bench.speculation)
 
     def __post_init__(self):
         if self.prompt_len < 1 or self.new_tokens <= 4:
@@ -95,6 +96,8 @@ class BenchConfig:
                 "vendor/llama.cpp/convert_hf_to_gguf.py in the llama-cpp-python sdist"
             )
 
+        if self.speculate and (self.serve or self.streams is not None or self.contexts or len(self.variants) != 1):
+            raise BenchError("--speculate K times one stream of one variant: no --serve, --streams or --contexts")
         self._check_llama_server()
 
     def _check_llama_server(self) -> None:

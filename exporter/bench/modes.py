@@ -28,13 +28,15 @@ MODES = (
     Mode("ray", "exporter.bench.scaleout", "bench_ray", "ray.md"),
     Mode("structured", "exporter.bench.structured", "bench_structured", "structured.md"),
     Mode("prefix", "exporter.bench.prefix", "bench_prefix", "prefix.md"),
+    Mode("speculate", "exporter.bench.speculation", "bench_speculation", "speculation.md"),
 )
 
 
 def mode_of(config: BenchConfig) -> Mode:
-    """--ray, else --structured, else --prefix-cache, else --serve, else --streams, else --contexts, else the
-    batch-1 comparison."""
+    """--ray, else --structured, else --prefix-cache, else --speculate, else --serve, else --streams, else
+    --contexts, else the batch-1 comparison."""
     name = "ray" if config.ray else "structured" if config.structured else "prefix" if config.prefix_cache else None
+    name = name or ("speculate" if config.speculate else None)
     name = name or ("serve" if config.serve else "streams" if config.streams is not None else None)
     name = name or ("contexts" if config.contexts else "batch1")
     return next(m for m in MODES if m.name == name)

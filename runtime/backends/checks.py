@@ -15,7 +15,10 @@ from runtime.format.contract import INPUT_NAMES, STEP_INPUTS, DecodeContract
 
 
 def check_step_inputs(
-    contract: DecodeContract, inputs: list, batches: tuple[int, ...] | None = None, verify: tuple[int, ...] | None = None
+    contract: DecodeContract,
+    inputs: list,
+    batches: tuple[int, ...] | None = None,
+    verify: tuple[int, ...] | None = None,
 ) -> int:
     """Refuse anything the compiled step would misread: count, type, shape, dtype, device, layout, a
     cache position outside the cache, tokens per row no graph takes (1, or a verify graph's k + 1).

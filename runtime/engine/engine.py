@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import atexit
 import threading
-from contextlib import contextmanager
 import time
 import weakref
+from contextlib import contextmanager
 
 import torch
 
@@ -264,7 +264,7 @@ class Engine:
             for state in decoding:
                 self._end(state, FinishReason.FAILED, e)
             return
-        self.costs.timed("decode", covering(self.runner.decode.batches, width, len(self.scheduler.owners)), start)
+        self.costs.timed("decode", self._covering(self.runner.decode.batches, width), start)
         greedy = sum(s.batch for s in decoding if s.plain_greedy)  # rows whose token is the raw argmax
         argmax = sampling.greedy(logits) if greedy > 1 and 2 * greedy >= width else None  # (width,): one call
         for state in decoding:
@@ -295,8 +295,11 @@ class Engine:
                 drafts[state.rows.start] = drafted
             expected += state.drafter.expected(drafted.shape[0]) if drafted is not None else state.batch
         rows = sum(s.batch for s in decoding)
-        decode_batch = covering(self.runner.decode.batches, width, len(self.scheduler.owners))
+        decode_batch = self._covering(self.runner.decode.batches, width)
         return drafts if drafts and self.costs.pays(decode_batch, batch, rows, expected) else None
+
+    def _covering(self, batches: tuple[int, ...], width: int) -> int:
+        return covering(batches, width, len(self.scheduler.owners))
 
     def _verify(self, decoding: list[RequestState], width: int, drafts: dict[int, torch.Tensor]) -> None:
         """One verify step: each request takes its next token and then its drafts while they are what
@@ -309,7 +312,7 @@ class Engine:
             for state in decoding:
                 self._end(state, FinishReason.FAILED, e)
             return
-        self.costs.timed("verify", covering(self.runner.decode.verify_batches, width, len(self.scheduler.owners)), start)
+        self.costs.timed("verify", self._covering(self.runner.decode.verify_batches, width), start)
         for state in decoding:
             try:
                 self._accept(state, logits[state.rows], drafts.get(state.rows.start))

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-
 # The acceptance rate a drafter starts from: optimistic, so a request that copies its input verifies
 # from its first match on; a few rejections bring it down.
 PRIOR_ACCEPTANCE = 0.7

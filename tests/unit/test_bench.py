@@ -164,3 +164,32 @@ def test_structured_report_puts_each_server_constrained_beside_free(tmp_path):
     assert "| llama-server (`-nr`) | 8 | 70.0 | 50.0 | 110.0 | 150.0 | +40.00 | 1.364× | 8 of 8 |" in report
     figures = json.loads((tmp_path / "structured.json").read_text())["figures"]
     assert figures["llama-server"]["1"]["itl_ratio"] == 1.5
+
+
+def test_speculation_report_gives_each_tasks_ratio_and_a_verdict_per_target(tmp_path):
+    from exporter.bench.config import BenchConfig
+    from exporter.bench.speculation import FREE, GROUNDED, _summary, tasks, write_report
+
+    def run(tps, tokens, drafted=0, accepted=0, verify=0):
+        return {"tokens": tokens, "decode_tps": tps, "drafted": drafted, "accepted": accepted, "verify_steps": verify}
+
+    grounded = _summary(GROUNDED, 200, {"plain": [run(20.0, [1, 2, 3])], "drafted": [run(44.0, [1, 2, 3], 8, 6, 2)]})
+    free = _summary(FREE, 30, {"plain": [run(20.0, [4, 5])], "drafted": [run(18.0, [4, 6], 4, 0, 1)]})
+    assert grounded["ratio"] == pytest.approx(2.2) and grounded["acceptance"] == 0.75 and grounded["identical"]
+    assert grounded["tokens_per_verify"] == 4.0 and not free["identical"]
+    assert {kind for kind, _ in tasks().values()} == {GROUNDED, FREE}
+    config = BenchConfig(model="smollm2-135m", dtypes=("float32",), speculate=4)
+    results = {
+        "config": {"model": config.model, "threads": 2, "rounds": 1},
+        "machine": {"cpu": "AMD EPYC", "isa": ["avx2"]},
+        "variant": "float32",
+        "measured": {"draft_tokens": 4, "tasks": {"edit": grounded, "story": free}},
+    }
+    write_report(results, tmp_path)
+    report = (tmp_path / "speculation.md").read_text()
+    assert "| edit | input-grounded | 200 | 3 | 20.0 | 44.0 | 2.20× | 75% | 4.00 | yes |" in report
+    assert "| story | free text |" in report and "**no**" in report
+    assert "input-grounded: drafted/plain decode tokens/s >= 1.8× | 2.20× (the lowest) | met |" in report
+    assert "free text: drafted/plain decode tokens/s >= 0.95× | 0.90× (the lowest) | **not met** |" in report
+    with pytest.raises(Exception, match="one stream of one variant"):
+        BenchConfig(model="x", dtypes=("float32",), speculate=4, streams=2)

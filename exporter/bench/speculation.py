@@ -1,0 +1,170 @@
+"""`aotpack bench --speculate K`: prompt-lookup speculative decoding against plain decoding, one stream.
+
+Owns: the tasks (made from text this package ships: a passage of the accuracy text to repeat with an
+edit, a function of its own source to rewrite without its docstring, and free text), their measurement
+on one bundle with verify graphs (exported here with `--speculate K`, or given with `--model BUNDLE`),
+drafting on and off (`prompt_lookup_num_tokens=0`) interleaved round by round in one process, and
+speculation.json / speculation.md with a verdict per target of the issue:
+- input-grounded tasks: decode tokens/s with drafts >= 1.8x without, greedy tokens identical;
+- free text: >= 0.95x.
+Decode tokens/s counts the tokens after the first over the time from the first to the last, so the
+prefill, the same in both, stays out. This is a benchmark, not a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import statistics
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from exporter.accuracy import TEXT
+from exporter.bench.build import export_variant, machine
+from exporter.bench.config import BenchConfig
+from exporter.bench.report import verdict_of
+from exporter.source import checkpoint_dir
+from runtime.format.files import MANIFEST
+
+GROUNDED, FREE = "input-grounded", "free text"
+TARGETS = {GROUNDED: (">=", 1.8), FREE: (">=", 0.95)}
+
+
+def tasks() -> dict[str, tuple[str, str]]:
+    """name -> (kind, user message)."""
+    from runtime.engine import sampling
+
+    passage = " ".join(TEXT.split())[:700]
+    source = inspect.getsource(sampling.probabilities)
+    return {
+        "repeat a passage with an edit": (
+            GROUNDED,
+            f"Repeat the following text word for word, but write 'lake' wherever it says 'river':\n\n{passage}",
+        ),
+        "rewrite a function": (
+            GROUNDED,
+            f"Rewrite this Python function without its docstring, changing nothing else:\n\n```python\n{source}```",
+        ),
+        "free text": (FREE, "Write a short story about a lighthouse keeper who finds a message in a bottle."),
+    }
+
+
+def bench_speculation(config: BenchConfig, log=print) -> dict:
+    variant = config.variants[0]
+    with tempfile.TemporaryDirectory(prefix="aotpack-spec-") as tmp:
+        bundle, build_s = _bundle(config, Path(tmp), variant, log)
+        measured = measure(bundle, config, log)
+    results = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+        "machine": machine(),
+        "build_s": build_s,
+        "variant": variant,
+        "measured": measured,
+    }
+    write_report(results, config.out)
+    return results
+
+
+def _bundle(config: BenchConfig, tmp: Path, variant: str, log) -> tuple[Path, float | None]:
+    """--model BUNDLE as it is (it must have verify graphs), else a bundle exported with --speculate K."""
+    given = Path(config.model)
+    if (given / MANIFEST).is_file():
+        return given, None
+    bundle = tmp / "bundle"
+    log(f"[{variant}] exporting {config.model} with --speculate {config.speculate}, cache {config.max_cache_len}")
+    with checkpoint_dir(config.model) as checkpoint:
+        extra = ("--speculate", str(config.speculate))
+        return bundle, export_variant(checkpoint, bundle, variant, config.max_cache_len, config.gemv, extra=extra)
+
+
+def measure(bundle: Path, config: BenchConfig, log) -> dict:
+    """Each task's runs with drafts and without, `config.rounds` rounds interleaved, greedy."""
+    from runtime import load
+
+    rt = load(bundle, num_threads=config.threads)
+    if not rt.engine.draft_tokens:
+        raise ValueError(f"{bundle} has no verify graphs: export it with --speculate K")
+    out = {"draft_tokens": rt.engine.draft_tokens, "tasks": {}}
+    for name, (kind, message) in tasks().items():
+        ids = rt.tokenizer.apply_chat_template(
+            [{"role": "user", "content": message}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+        _once(rt, ids, 8, None)  # warm both graphs' code paths
+        runs = {"plain": [], "drafted": []}
+        for r in range(config.rounds):
+            for mode, drafts in (("plain", 0), ("drafted", None)) if r % 2 == 0 else (("drafted", None), ("plain", 0)):
+                runs[mode].append(_once(rt, ids, config.new_tokens, drafts))
+        out["tasks"][name] = _summary(kind, ids.shape[1], runs)
+        log(f"{name}: {out['tasks'][name]['ratio']:.2f}x, acceptance {out['tasks'][name]['acceptance']:.0%}")
+    return out
+
+
+def _once(rt, ids, new_tokens: int, drafts: int | None) -> dict:
+    engine = rt.engine
+    counts = lambda: (engine.drafted, engine.accepted, engine.verify_steps)  # noqa: E731
+    before = counts()
+    handle = rt.submit(ids, max_new_tokens=new_tokens, do_sample=False, prompt_lookup_num_tokens=drafts)
+    tokens = [int(t[0]) for t, _ in handle]
+    times = handle.times
+    drafted, accepted, verify = (now - then for now, then in zip(counts(), before, strict=True))
+    tps = (len(tokens) - 1) / (times[-1] - times[0]) if len(tokens) > 1 else 0.0
+    return {"tokens": tokens, "decode_tps": tps, "drafted": drafted, "accepted": accepted, "verify_steps": verify}
+
+
+def _summary(kind: str, prompt: int, runs: dict) -> dict:
+    plain, drafted = runs["plain"], runs["drafted"]
+    plain_tps = statistics.median(r["decode_tps"] for r in plain)
+    drafted_tps = statistics.median(r["decode_tps"] for r in drafted)
+    proposed = sum(r["drafted"] for r in drafted)
+    return {
+        "kind": kind,
+        "prompt_tokens": prompt,
+        "new_tokens": len(plain[0]["tokens"]),
+        "plain_tps": plain_tps,
+        "drafted_tps": drafted_tps,
+        "ratio": drafted_tps / plain_tps,
+        "identical": all(r["tokens"] == plain[0]["tokens"] for r in plain + drafted),
+        "acceptance": sum(r["accepted"] for r in drafted) / proposed if proposed else 0.0,
+        "tokens_per_verify": _per_verify(drafted),
+        "rounds": len(plain),
+    }
+
+
+def _per_verify(runs: list[dict]) -> float:
+    steps = sum(r["verify_steps"] for r in runs)
+    return (steps + sum(r["accepted"] for r in runs)) / steps if steps else 0.0
+
+
+def write_report(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "speculation.json").write_text(json.dumps(results, indent=2))
+    (out / "speculation.md").write_text(markdown(results))
+
+
+def markdown(results: dict) -> str:
+    m, measured = results["machine"], results["measured"]
+    lines = [
+        f"# Prompt-lookup speculative decoding: {results['config']['model']} ({results['variant']}), "
+        f"k = {measured['draft_tokens']}",
+        "",
+        f"{m['cpu']} ({', '.join(m['isa'])}), {results['config']['threads']} threads; batch 1, greedy, drafts on "
+        f"and off interleaved over {results['config']['rounds']} rounds in one process (medians).",
+        "",
+        "| task | kind | prompt | new tokens | plain tok/s | drafted tok/s | ratio | acceptance | tokens per verify | identical |",  # noqa: E501
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in measured["tasks"].items():
+        lines.append(
+            f"| {name} | {t['kind']} | {t['prompt_tokens']} | {t['new_tokens']} | {t['plain_tps']:.1f} | "
+            f"{t['drafted_tps']:.1f} | {t['ratio']:.2f}× | {t['acceptance']:.0%} | {t['tokens_per_verify']:.2f} | "
+            f"{'yes' if t['identical'] else '**no**'} |"
+        )
+    lines += ["", "| target | measured | verdict |", "|---|---|---|"]
+    for kind, (op, bound) in TARGETS.items():
+        ratios = [t["ratio"] for t in measured["tasks"].values() if t["kind"] == kind]
+        worst = min(ratios) if ratios else None
+        shown = f"{worst:.2f}× (the lowest)" if worst is not None else "not measured"
+        verdict = verdict_of(worst, (op, bound)) if worst is not None else "not measured"
+        lines.append(f"| {kind}: drafted/plain decode tokens/s {op} {bound}× | {shown} | {verdict} |")
+    return "\n".join(lines) + "\n"
