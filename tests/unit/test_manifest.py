@@ -4,6 +4,7 @@ a Manifest or raises ManifestError; a written manifest reads back equal."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -102,11 +103,16 @@ accuracies = st.none() | st.builds(
 
 @st.composite
 def manifests(draw):
-    layout = tuple(draw(st.lists(layers, min_size=1, max_size=6)))
+    drafts = draw(st.sampled_from([0, 0, 3]))  # speculative decoding: rings 3 slots wider, verify graphs of 4 tokens
+    layout = tuple(
+        replace(layer, slots=min(layer.window + drafts, 64)) if layer.window else layer
+        for layer in draw(st.lists(layers, min_size=1, max_size=6))
+    )
     dtype = draw(st.sampled_from(["float32", "bfloat16", "float16"]))
     batch = draw(st.integers(1, 64))
     onnx = draw(onnx_decodes)
     quantization = draw(quantizations)
+    batches = sorted({*draw(st.lists(st.integers(1, batch), max_size=3)), batch})
     native = None
     if quantization is not None and quantization.kernels == "integer":
         native = NativeKernels("kernels.so", "libaotpack-kernels-0123456789abcdef.so", "avx2", 1, "g++ 12.2.0")
@@ -132,9 +138,11 @@ def manifests(draw):
         weight_aliases=draw(st.dictionaries(names, names, max_size=2)),
         quantization=quantization,
         graphs=tuple(
-            DecodeGraph(b, tuple(draw(st.lists(lowerings, max_size=3))), draw(parities), draw(st.floats(0, 1e4)))
-            for b in sorted({*draw(st.lists(st.integers(1, batch), max_size=3)), batch})
+            DecodeGraph(b, tuple(draw(st.lists(lowerings, max_size=3))), draw(parities), draw(st.floats(0, 1e4)), t)
+            for t in ((1, drafts + 1) if drafts else (1,))
+            for b in batches
         ),
+        draft_tokens=drafts,
         decode_attention=draw(attentions),
         accuracy=draw(accuracies),
         files={"decode.pt2": "ab" * 32}
@@ -233,7 +241,8 @@ def test_graphs_must_ascend_to_the_batch_size(manifest, edit):
     """The engine steps the smallest graph covering the rows in use, and the cache's every row must be
     covered: a graph list that does not end at batch_size, or is out of order, is refused."""
     raw = json.loads(manifest.to_json())
-    graphs = raw["graphs"]
+    graphs = [g for g in raw["graphs"] if g["tokens"] == 1]  # the decode graphs (verify graphs: below)
+    raw |= {"graphs": graphs, "draft_tokens": 0}
     if edit == "drop the full batch":
         graphs.pop()
     elif edit == "repeat":
@@ -303,7 +312,10 @@ def test_cache_bytes_must_match_the_layout(manifest, nbytes):
 def test_format_6_reads_as_weight_only_inductor_quantization(manifest):
     """Format 6 had one kernel family (Inductor's, weight-only), one method per bundle and range scales;
     its manifests read on, without the fields format 7 added."""
-    raw = _as_format_7(json.loads(manifest.to_json())) | {"format_version": 6}
+    raw = _as_format_7(json.loads(manifest.to_json()))
+    if raw is None or raw["native"] is not None:
+        return  # format 6 had no integer kernels, nor drafts
+    raw = raw | {"format_version": 6}
     if raw["native"] is not None:
         return  # format 6 had no integer kernels
     raw.pop("native")
@@ -324,20 +336,65 @@ def _as_format_7(raw: dict) -> dict:
     for graph in raw["graphs"]:
         for lowering in graph["lowerings"]:
             del lowering["spread"], lowering["noisy"]
-    return _as_format_8(raw) | {"format_version": 7}
+    raw = _as_format_8(raw)
+    return raw and raw | {"format_version": 7}
 
 
 def _as_format_8(raw: dict) -> dict:
     """A manifest as format 8 wrote it: its quantization without `kernel_noise`."""
     if raw["quantization"] is not None:
         del raw["quantization"]["kernel_noise"]
-    return raw | {"format_version": 8}
+    raw = _as_format_9(raw)
+    return raw and raw | {"format_version": 8}
+
+
+def _as_format_9(raw: dict) -> dict | None:
+    """A manifest as format 9 wrote it: no drafts, no graph's `tokens` (None for one with verify graphs)."""
+    if raw.pop("draft_tokens"):
+        return None
+    for graph in raw["graphs"]:
+        del graph["tokens"]
+    return raw | {"format_version": 9}
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_format_9_reads_with_no_drafts_and_decode_graphs_only(manifest):
+    raw = _as_format_9(json.loads(manifest.to_json()))
+    if raw is None:
+        return
+    read = Manifest.from_json(_with_digest(raw))
+    assert read.format_version == 9 and read.draft_tokens == 0 and read.verify_batches == ()
+    assert read.batches == manifest.batches
+
+
+@given(manifests())
+@settings(max_examples=40)
+def test_verify_graphs_go_with_drafts_and_rings_wide_enough_for_them(manifest):
+    """A verify graph missing for a batch, or a ring without the k slots beyond its window that rejected
+    drafts need, is refused: the latter would overwrite tokens still in the window."""
+    raw = json.loads(manifest.to_json())
+    if not raw["draft_tokens"]:
+        return
+    assert Manifest.from_json(manifest.to_json()).verify_batches == manifest.batches
+    dropped = raw | {"graphs": [g for g in raw["graphs"] if not (g["tokens"] > 1 and g["batch"] == raw["batch_size"])]}
+    with pytest.raises(ManifestError, match="do not match draft_tokens"):
+        Manifest.from_json(_with_digest(dropped))
+    rings = [layer for layer in raw["cache_layout"] if layer["window"] and layer["window"] < 61]
+    if rings:
+        rings[0]["slots"] = rings[0]["window"]
+        raw["cache_bytes"] = [LayerLayout(**la).nbytes(raw["batch_size"], raw["dtype"]) for la in raw["cache_layout"]]
+        with pytest.raises(ManifestError, match="lacks the 3 slots beyond its window"):
+            Manifest.from_json(_with_digest(raw))
 
 
 @given(manifests())
 @settings(max_examples=30)
 def test_format_8_reads_with_its_kernel_family_as_chosen(manifest):
-    read = Manifest.from_json(_with_digest(_as_format_8(json.loads(manifest.to_json()))))
+    raw = _as_format_8(json.loads(manifest.to_json()))
+    if raw is None:
+        return
+    read = Manifest.from_json(_with_digest(raw))
     assert read.format_version == 8
     if read.quantization is not None:
         assert read.quantization.kernel_noise is None
@@ -348,7 +405,10 @@ def test_format_8_reads_with_its_kernel_family_as_chosen(manifest):
 @settings(max_examples=30)
 def test_format_7_reads_with_its_timings_as_they_were(manifest):
     """Format 7 recorded no timing spread: its lowerings read on, their choices standing, none noisy."""
-    read = Manifest.from_json(_with_digest(_as_format_7(json.loads(manifest.to_json()))))
+    raw = _as_format_7(json.loads(manifest.to_json()))
+    if raw is None:
+        return
+    read = Manifest.from_json(_with_digest(raw))
     assert read.format_version == 7
     lowerings = [lw for g in read.graphs for lw in g.lowerings]
     assert [(lw.chosen, lw.gb_per_s) for lw in lowerings] == [
