@@ -296,7 +296,12 @@ class Engine:
             expected += state.drafter.expected(drafted.shape[0]) if drafted is not None else state.batch
         rows = sum(s.batch for s in decoding)
         decode_batch = self._covering(self.runner.decode.batches, width)
-        return drafts if drafts and self.costs.pays(decode_batch, batch, rows, expected) else None
+        if drafts and self.costs.pays(decode_batch, batch, rows, expected):
+            return drafts
+        for state in decoding:
+            if state.rows.start in drafts:
+                state.drafter.declined()
+        return None
 
     def _covering(self, batches: tuple[int, ...], width: int) -> int:
         return covering(batches, width, len(self.scheduler.owners))

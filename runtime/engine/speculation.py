@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-# The acceptance rate a drafter starts from: optimistic, so a request that copies its input verifies
-# from its first match on; a few rejections bring it down.
+# The share of its drafts a drafter's request is taken to accept before it has verified any: optimistic,
+# so a request that copies its input verifies from its first match on.
 PRIOR_ACCEPTANCE = 0.7
-# Weight of the newest verify step in a drafter's acceptance rate (an exponential average).
+# Weight of the newest verify step in a drafter's acceptance (an exponential average).
 ACCEPTANCE_WEIGHT = 0.3
-# A drafter whose acceptance fell below this sits out BACKOFF steps, then probes again.
-LOW_ACCEPTANCE = 0.2
-BACKOFF = 16
+# A drafter whose drafts did not pay (the engine declined a verify step for them, or a probe failed)
+# sits out BACKOFF steps, doubling after each failed probe up to MAX_BACKOFF, then probes once: free
+# text pays for one wasted verify step in that many at most, and a copy that starts later is found.
+BACKOFF, MAX_BACKOFF = 16, 256
 # Weight of the newest timing in the engine's per-kind step cost.
 COST_WEIGHT = 0.2
 
@@ -42,12 +43,15 @@ class Drafter:
         self._lookup = PromptLookupCandidateGenerator(num_output_tokens=tokens, max_matching_ngram_size=ngram)
         self.acceptance = PRIOR_ACCEPTANCE
         self.resting = 0  # steps left to sit out
+        self.backoff = BACKOFF
+        self.probing = False  # the next drafts are verified whatever the estimate says
         self.drafted = self.accepted = 0  # totals, for metrics
 
     def propose(self, history: torch.Tensor, room: int) -> torch.Tensor | None:
-        """Drafted ids (d,) to follow `history` (1, S), at most `room` of them; None: nothing worth it."""
+        """Drafted ids (d,) to follow `history` (1, S), at most `room` of them; None: none this step."""
         if self.resting:
             self.resting -= 1
+            self.probing = not self.resting
             return None
         if room < 1:
             return None
@@ -57,19 +61,24 @@ class Drafter:
         return drafts[:room] if drafts.numel() else None
 
     def expected(self, drafts: int) -> float:
-        """Tokens a verify step is expected to give this row: its own next token plus each draft while
-        every one before it was accepted (acceptance taken per position)."""
-        a = self.acceptance
-        return 1.0 + sum(a**i for i in range(1, drafts + 1))
+        """Tokens a verify step is expected to give this row: its own next token and the share of its
+        drafts it has been accepting (all of them when probing)."""
+        return 1.0 + drafts * (1.0 if self.probing else self.acceptance)
 
     def record(self, drafted: int, accepted: int) -> None:
+        """A verify step took `accepted` of this row's `drafted` tokens."""
         self.drafted += drafted
         self.accepted += accepted
-        rate = accepted / drafted
-        self.acceptance = (1 - ACCEPTANCE_WEIGHT) * self.acceptance + ACCEPTANCE_WEIGHT * rate
-        if self.acceptance < LOW_ACCEPTANCE:
-            self.resting = BACKOFF
-            self.acceptance = LOW_ACCEPTANCE + 0.1  # a probe after the rest starts from a modest hope
+        self.acceptance = (1 - ACCEPTANCE_WEIGHT) * self.acceptance + ACCEPTANCE_WEIGHT * accepted / drafted
+        if self.probing:
+            self.probing = False
+            failed = accepted == 0
+            self.backoff = min(2 * self.backoff, MAX_BACKOFF) if failed else BACKOFF
+            self.acceptance = self.acceptance if failed else max(self.acceptance, PRIOR_ACCEPTANCE)
+
+    def declined(self) -> None:
+        """The engine judged this row's drafts not worth a verify step: rest, then probe."""
+        self.resting = self.backoff
 
 
 @dataclass

@@ -137,18 +137,27 @@ def test_sampled_requests_draft_only_when_asked_and_never_past_the_bundles_k():
     assert draft_tokens(0, 4, sampled=False) == 0 and draft_tokens(3, 0, sampled=False) == 0
 
 
-def test_a_drafter_whose_drafts_fail_rests_then_probes_again():
+def test_a_drafter_declined_rests_then_probes_and_backs_off_longer_after_each_failed_probe():
     drafter = Drafter(4, 2)
     history = torch.tensor([[5, 6, 7, 8, 5, 6]])
     assert drafter.propose(history, 4).tolist() == [7, 8, 5, 6]
-    for _ in range(5):
-        drafter.record(4, 0)
-        if drafter.resting:
-            break
-    assert drafter.resting and drafter.propose(history, 4) is None
-    while drafter.resting:
-        drafter.propose(history, 4)
-    assert drafter.propose(history, 4) is not None
+    assert drafter.expected(4) == pytest.approx(1 + 4 * 0.7)
+    drafter.record(4, 0)
+    drafter.declined()
+    rests = []
+    for _ in range(2):
+        steps = 0
+        while drafter.propose(history, 4) is None:
+            steps += 1
+        rests.append(steps)
+        assert drafter.probing and drafter.expected(4) == 5.0  # a probe is verified whatever the estimate
+        drafter.record(4, 0)  # the probe fails
+        drafter.declined()
+    assert rests[1] == 2 * rests[0]
+    while drafter.propose(history, 4) is None:
+        pass
+    drafter.record(4, 4)  # a probe that pays: back to the short rest and a hopeful estimate
+    assert drafter.backoff == rests[0] and drafter.acceptance >= 0.7 and not drafter.probing
 
 
 def test_a_verify_step_runs_only_when_its_expected_tokens_beat_the_decode_steps_rate():
