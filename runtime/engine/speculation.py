@@ -27,12 +27,19 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 PRIOR_ACCEPTANCE = 0.7
 # Weight of the newest verify step in a drafter's acceptance (an exponential average).
 ACCEPTANCE_WEIGHT = 0.3
+# Drafts follow a match of at least this many tokens: transformers' lookup falls back to a single token,
+# which free text matches nearly every step and which predicts little (SmolLM2's free text drafted on
+# most steps and accepted 2 % of the drafts).
+MIN_NGRAM = 2
 # A drafter whose drafts did not pay (the engine declined a verify step for them, or a probe failed)
 # sits out BACKOFF steps, doubling after each failed probe up to MAX_BACKOFF, then probes once: free
 # text pays for one wasted verify step in that many at most, and a copy that starts later is found.
 BACKOFF, MAX_BACKOFF = 16, 256
 # Weight of the newest timing in the engine's per-kind step cost.
 COST_WEIGHT = 0.2
+# A verify step must promise this much more than a decode step's rate: estimates are noisy, and a
+# wasted verify step costs its whole time.
+MARGIN = 1.1
 
 
 class Drafter:
@@ -53,7 +60,7 @@ class Drafter:
             self.resting -= 1
             self.probing = not self.resting
             return None
-        if room < 1:
+        if room < 1 or not _seen(history[0], min(MIN_NGRAM, self._lookup.max_matching_ngram_size)):
             return None
         self._lookup.max_length = history.shape[1] + room + 1
         candidates, _ = self._lookup.get_candidates(history)
@@ -81,6 +88,13 @@ class Drafter:
         self.resting = self.backoff
 
 
+def _seen(ids: torch.Tensor, n: int) -> bool:
+    """Whether the last `n` of `ids` (S,) occurred earlier in them."""
+    if ids.shape[0] <= n:
+        return False
+    return bool((ids[:-1].unfold(0, n, 1) == ids[-n:]).all(1).any())
+
+
 @dataclass
 class StepCosts:
     """Seconds a decode and a verify step of each batch took lately, measured by the engine."""
@@ -98,7 +112,7 @@ class StepCosts:
         decode, verify = self.seconds.get(("decode", decode_batch)), self.seconds.get(("verify", verify_batch))
         if decode is None or verify is None:
             return True
-        return expected / verify > rows / decode
+        return expected / verify > MARGIN * rows / decode
 
 
 def draft_tokens(requested: int | None, bundle: int, sampled: bool) -> int:

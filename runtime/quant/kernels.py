@@ -24,8 +24,10 @@ def flat(x: torch.Tensor) -> torch.Tensor:
 
 
 def activations(x: torch.Tensor) -> torch.Tensor:
-    """x (..., K) as a realized fp32 (B, K) buffer."""
-    return realized(flat(x))
+    """x (..., K) as a realized fp32 (B, K) buffer, row-major: with B > 1 rows the previous layer's output
+    is a transposed view (`rows_outer`), and realized as it was, Inductor tiled the next reduction across
+    its outputs, transposing each 8x8 weight tile once per row (5 times in a verify graph's kernels)."""
+    return realized(flat(x).contiguous())
 
 
 def each_row(reduce, xs: torch.Tensor) -> torch.Tensor:

@@ -141,6 +141,8 @@ def test_a_drafter_declined_rests_then_probes_and_backs_off_longer_after_each_fa
     drafter = Drafter(4, 2)
     history = torch.tensor([[5, 6, 7, 8, 5, 6]])
     assert drafter.propose(history, 4).tolist() == [7, 8, 5, 6]
+    # only after a match of two tokens: a single one (transformers' fallback) predicts little
+    assert drafter.propose(torch.tensor([[5, 6, 7, 8, 9, 6]]), 4) is None
     assert drafter.expected(4) == pytest.approx(1 + 4 * 0.7)
     drafter.record(4, 0)
     drafter.declined()
