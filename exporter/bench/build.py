@@ -10,6 +10,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -74,6 +75,14 @@ def export_variant(
 
 # the vector ISAs that decide which kernels Inductor and llama.cpp can use on this CPU
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def header(config) -> dict:
+    """What every results file opens with: the run's options (paths as text) and the machine."""
+    return {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+        "machine": machine(),
+    }
 
 
 def machine() -> dict:

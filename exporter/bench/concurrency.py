@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
-from exporter.bench.build import export_variant, machine, run
+from exporter.bench.build import export_variant, header, run
 from exporter.bench.config import BenchConfig
 from exporter.bench.report import verdict_of
 from exporter.source import checkpoint_dir
@@ -42,9 +41,7 @@ def bench_streams(config: BenchConfig, log=print) -> dict:
         build_s = export_variant(checkpoint, bundle, variant, cache, config.gemv, batch=config.streams)
         log(f"[{variant}] 1 stream, {config.streams} streams, then a {config.long_prompt}-token prompt admitted")
         measured = json.loads(run([sys.executable, "-m", "exporter.bench.streams", *_worker_args(config, bundle)]))
-    results = {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
-        "machine": machine(),
+    results = header(config) | {
         "build_s": build_s,
         "variant": variant,
         "measured": measured,

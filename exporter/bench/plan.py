@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from exporter.bench.build import export_variant, machine, measure, random_prompt
+from exporter.bench.build import export_variant, header, machine, measure, random_prompt
 from exporter.bench.config import HF_COMPILE_NOTE, BenchConfig
 from exporter.bench.llama_cpp import gguf_for
 from exporter.bench.report import write_reports
@@ -41,8 +41,7 @@ def _keep_partial(results: dict, out: Path) -> None:
 
 
 def bench_batch1(config: BenchConfig, log=print) -> dict:
-    results = {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+    results = header(config) | {
         "variants": list(config.variants),
         "machine": machine(),
         "hf_compile_how": HF_COMPILE_NOTE,

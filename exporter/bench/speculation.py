@@ -17,11 +17,10 @@ import inspect
 import json
 import statistics
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 from exporter.accuracy import TEXT
-from exporter.bench.build import export_variant, machine
+from exporter.bench.build import export_variant, header
 from exporter.bench.config import BenchConfig
 from exporter.bench.report import verdict_of
 from exporter.source import checkpoint_dir
@@ -55,9 +54,7 @@ def bench_speculation(config: BenchConfig, log=print) -> dict:
     with tempfile.TemporaryDirectory(prefix="aotpack-spec-") as tmp:
         bundle, build_s = _bundle(config, Path(tmp), variant, log)
         measured = measure(bundle, config, log)
-    results = {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
-        "machine": machine(),
+    results = header(config) | {
         "build_s": build_s,
         "variant": variant,
         "measured": measured,
