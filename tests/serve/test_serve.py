@@ -737,8 +737,25 @@ def test_health_readiness_and_metrics(serving):
         "aotpack_slots 4.0",
         "aotpack_time_to_first_token_seconds_count",
         "aotpack_inter_token_latency_seconds_bucket",
+        "aotpack_spec_drafted_tokens_total 0.0",  # this bundle has no verify graphs: nothing drafted
+        "aotpack_spec_verify_steps_total 0.0",
     ):
         assert name in metrics
+
+
+def test_prompt_lookup_num_tokens_is_taken_and_range_checked(serving):
+    """The extension field reaches generate (a bundle without verify graphs decodes as before: the same
+    reply); a negative count is a 400 naming it."""
+    url, _ = serving(TEXT)
+    plain = client(url).chat.completions.create(model="m", messages=QUESTION, max_tokens=6, temperature=0)
+    asked = client(url).chat.completions.create(
+        model="m", messages=QUESTION, max_tokens=6, temperature=0, extra_body={"prompt_lookup_num_tokens": 3}
+    )
+    assert asked.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(APIStatusError, match="prompt_lookup_num_tokens"):
+        client(url).chat.completions.create(
+            model="m", messages=QUESTION, max_tokens=2, extra_body={"prompt_lookup_num_tokens": -1}
+        )
 
 
 def test_load_16_clients_64_requests_nothing_lost_all_equal_generate(serving, runtime):
