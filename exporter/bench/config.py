@@ -96,8 +96,8 @@ class BenchConfig:
                 "vendor/llama.cpp/convert_hf_to_gguf.py in the llama-cpp-python sdist"
             )
 
-        if self.speculate and (self.serve or self.streams is not None or self.contexts or len(self.variants) != 1):
-            raise BenchError("--speculate K times one stream of one variant: no --serve, --streams or --contexts")
+        if self.speculate and (self.serve or self.contexts or len(self.variants) != 1):
+            raise BenchError("--speculate K times one variant in one process: no --serve or --contexts")
         self._check_llama_server()
 
     def _check_llama_server(self) -> None:

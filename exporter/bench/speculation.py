@@ -6,7 +6,8 @@ on one bundle with verify graphs (exported here with `--speculate K`, or given w
 drafting on and off (`prompt_lookup_num_tokens=0`) interleaved round by round in one process, and
 speculation.json / speculation.md with a verdict per target of the issue:
 - input-grounded tasks: decode tokens/s with drafts >= 1.8x without, greedy tokens identical;
-- free text: >= 0.95x.
+- free text: >= 0.95x;
+- with --streams N, N requests at once (the tasks in turn): aggregate tokens/s with drafts >= without.
 Decode tokens/s counts the tokens after the first over the time from the first to the last, so the
 prefill, the same in both, stays out. This is a benchmark, not a test: nothing here asserts a speed.
 """
@@ -17,6 +18,7 @@ import inspect
 import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from exporter.accuracy import TEXT
@@ -68,11 +70,12 @@ def _bundle(config: BenchConfig, tmp: Path, variant: str, log) -> tuple[Path, fl
     given = Path(config.model)
     if (given / MANIFEST).is_file():
         return given, None
-    bundle = tmp / "bundle"
+    bundle, rows = tmp / "bundle", config.streams or 1
     log(f"[{variant}] exporting {config.model} with --speculate {config.speculate}, cache {config.max_cache_len}")
     with checkpoint_dir(config.model) as checkpoint:
-        extra = ("--speculate", str(config.speculate))
-        return bundle, export_variant(checkpoint, bundle, variant, config.max_cache_len, config.gemv, extra=extra)
+        extra = ("--speculate", str(config.speculate), "--batch-buckets", str(rows))
+        build_s = export_variant(checkpoint, bundle, variant, config.max_cache_len, config.gemv, rows, extra=extra)
+        return bundle, build_s
 
 
 def measure(bundle: Path, config: BenchConfig, log) -> dict:
@@ -83,10 +86,12 @@ def measure(bundle: Path, config: BenchConfig, log) -> dict:
     if not rt.engine.draft_tokens:
         raise ValueError(f"{bundle} has no verify graphs: export it with --speculate K")
     out = {"draft_tokens": rt.engine.draft_tokens, "tasks": {}}
-    for name, (kind, message) in tasks().items():
-        ids = rt.tokenizer.apply_chat_template(
-            [{"role": "user", "content": message}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )["input_ids"]
+    prompts = {name: _prompt(rt, message) for name, (_, message) in tasks().items()}
+    if config.streams:
+        out["streams"] = _streams(rt, list(prompts.values()), config, log)
+        return out
+    for name, (kind, _) in tasks().items():
+        ids = prompts[name]
         _once(rt, ids, 8, None)  # warm both graphs' code paths
         runs = {"plain": [], "drafted": []}
         for r in range(config.rounds):
@@ -95,6 +100,30 @@ def measure(bundle: Path, config: BenchConfig, log) -> dict:
         out["tasks"][name] = _summary(kind, ids.shape[1], runs)
         log(f"{name}: {out['tasks'][name]['ratio']:.2f}x, acceptance {out['tasks'][name]['acceptance']:.0%}")
     return out
+
+
+def _prompt(rt, message: str):
+    return rt.tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
+
+
+def _streams(rt, prompts: list, config: BenchConfig, log) -> dict:
+    """`config.streams` requests at once, the tasks in turn: aggregate tokens/s, drafts on and off."""
+    n = config.streams
+    runs = {"plain": [], "drafted": []}
+    for r in range(config.rounds):
+        for mode, drafts in (("plain", 0), ("drafted", None)) if r % 2 == 0 else (("drafted", None), ("plain", 0)):
+            start = time.perf_counter()
+            with rt.engine.together():
+                handles = [rt.submit(prompts[i % len(prompts)], max_new_tokens=config.new_tokens, do_sample=False,
+                                     prompt_lookup_num_tokens=drafts) for i in range(n)]  # fmt: skip
+            tokens = [[int(t[0]) for t, _ in h] for h in handles]
+            runs[mode].append({"tokens": tokens, "tps": sum(map(len, tokens)) / (time.perf_counter() - start)})
+    plain, drafted = (statistics.median(r["tps"] for r in runs[m]) for m in ("plain", "drafted"))
+    identical = all(r["tokens"] == runs["plain"][0]["tokens"] for r in runs["plain"] + runs["drafted"])
+    log(f"{n} streams: {drafted / plain:.2f}x aggregate tokens/s")
+    return {"streams": n, "plain_tps": plain, "drafted_tps": drafted, "ratio": drafted / plain, "identical": identical}
 
 
 def _once(rt, ids, new_tokens: int, drafts: int | None) -> dict:
@@ -157,6 +186,13 @@ def markdown(results: dict) -> str:
             f"{t['drafted_tps']:.1f} | {t['ratio']:.2f}× | {t['acceptance']:.0%} | {t['tokens_per_verify']:.2f} | "
             f"{'yes' if t['identical'] else '**no**'} |"
         )
+    if streams := measured.get("streams"):
+        lines += [
+            "",
+            f"{streams['streams']} streams at once (the tasks in turn), aggregate tokens/s: plain "
+            f"{streams['plain_tps']:.1f}, drafted {streams['drafted_tps']:.1f} ({streams['ratio']:.2f}×), tokens "
+            f"identical: {'yes' if streams['identical'] else '**no**'}.",
+        ]
     lines += ["", "| target | measured | verdict |", "|---|---|---|"]
     for kind, (op, bound) in TARGETS.items():
         ratios = [t["ratio"] for t in measured["tasks"].values() if t["kind"] == kind]
@@ -164,4 +200,10 @@ def markdown(results: dict) -> str:
         shown = f"{worst:.2f}× (the lowest)" if worst is not None else "not measured"
         verdict = verdict_of(worst, (op, bound)) if worst is not None else "not measured"
         lines.append(f"| {kind}: drafted/plain decode tokens/s {op} {bound}× | {shown} | {verdict} |")
+    if streams:
+        verdict = verdict_of(streams["ratio"], (">=", 1.0))
+        lines.append(
+            f"| {streams['streams']} streams: aggregate tokens/s drafted/plain >= 1× | {streams['ratio']:.2f}× "
+            f"| {verdict} |"
+        )
     return "\n".join(lines) + "\n"

@@ -191,5 +191,11 @@ def test_speculation_report_gives_each_tasks_ratio_and_a_verdict_per_target(tmp_
     assert "| story | free text |" in report and "**no**" in report
     assert "input-grounded: drafted/plain decode tokens/s >= 1.8× | 2.20× (the lowest) | met |" in report
     assert "free text: drafted/plain decode tokens/s >= 0.95× | 0.90× (the lowest) | **not met** |" in report
-    with pytest.raises(Exception, match="one stream of one variant"):
-        BenchConfig(model="x", dtypes=("float32",), speculate=4, streams=2)
+    results["measured"]["streams"] = {"streams": 8, "plain_tps": 60.0, "drafted_tps": 75.0, "ratio": 1.25,
+                                      "identical": True}  # fmt: skip
+    write_report(results, tmp_path)
+    report = (tmp_path / "speculation.md").read_text()
+    assert "plain 60.0, drafted 75.0 (1.25×), tokens identical: yes" in report
+    assert "| 8 streams: aggregate tokens/s drafted/plain >= 1× | 1.25× | met |" in report
+    with pytest.raises(Exception, match="one variant in one process"):
+        BenchConfig(model="x", dtypes=("float32",), speculate=4, streams=2, serve=True)
