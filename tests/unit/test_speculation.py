@@ -167,3 +167,44 @@ def test_a_verify_step_runs_only_when_its_expected_tokens_beat_the_decode_steps_
     assert costs.pays(1, 1, rows=1, expected=1.5)  # unmeasured: try it
     costs.seconds = {("decode", 1): 0.010, ("verify", 1): 0.022}
     assert costs.pays(1, 1, rows=1, expected=3.0) and not costs.pays(1, 1, rows=1, expected=2.0)
+
+
+class Fixed:
+    """Always drafts the same tokens, and always expects them to pay (so every step verifies)."""
+
+    def __init__(self, drafts: list[int]):
+        self.drafts = torch.tensor(drafts)
+
+    def propose(self, history, room):
+        return self.drafts[:room] if room else None
+
+    def expected(self, drafts):
+        return 100.0
+
+    def record(self, drafted, accepted):
+        pass
+
+
+def test_sampling_through_verify_steps_draws_the_models_own_distribution(eager_runtime):
+    """Chi-square over 400 seeded short runs of a tiny model: the first sampled token of a request whose
+    every step verifies drafts (one likely draft, one unlikely) follows softmax(logits / T) over the top k
+    exactly as plain sampling does (the statistic against HF's own warpers' probabilities)."""
+    rt = eager_runtime("tiny-llama", rows=1, cache=32, drafts=DRAFTS)
+    ids = torch.tensor([[5, 17, 42, 99, 7]])
+    options = {"max_new_tokens": 2, "do_sample": True, "top_k": 5, "temperature": 1.3}
+    request = rt.validator.request(ids, **options)
+    with torch.inference_mode():
+        logits = rt.model(ids).logits[:, -1].float()  # (1, vocab)
+    probs = torch.softmax(request.processors(ids, logits), -1)[0]  # HF's warpers: top 5 at T = 1.3
+    top = probs.topk(5).indices
+    draft = [int(top[0]), int(top[4])]
+    counts = torch.zeros(5)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(400):
+        handle = rt.engine.submit(rt.validator.request(ids, generator=generator, **options), drafter=Fixed(draft))
+        first = int(handle.result()[0, ids.shape[1]])
+        counts[(top == first).nonzero()[0, 0]] += 1
+    assert rt.engine.verify_steps >= 400
+    expected = probs[top] / probs[top].sum() * counts.sum()
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 18.47, (counts.tolist(), expected.tolist())  # df 4, p = 0.001
