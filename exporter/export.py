@@ -209,10 +209,20 @@ def _attention(model, config: ExportConfig, attention: str, options: dict, progr
         )
 
 
+# Activation rows beyond which a graph's float weights are read by ATen's mm, untimed: a fused reduction
+# is one reduction per row per layer, and SmolLM2's batch-8 verify graph (40 rows) spent over 15 minutes
+# and 9 GB in Inductor's scheduler before it was stopped (its 5-row graph compiles in 3).
+MAX_FUSED_ROWS = 16
+
+
 def _lowerings(config: ExportConfig, shapes, options: dict, batch: int, progress: Progress):
+    """`batch`: the graph's activation rows (its batch times its tokens a row)."""
     dtype = getattr(torch, config.dtype)
     if config.gemv != "tune":
         return fixed(shapes, dtype, config.gemv)
+    if batch > MAX_FUSED_ROWS:
+        progress.log(f"{batch} activation rows: ATen's mm reads the float weights (fused reductions compile too long)")
+        return fixed(shapes, dtype, "aten")
     with progress.stage("tune", f"timing each weight shape's GEMV candidates at batch {batch} on this machine"):
         return tune(shapes, dtype, config.device, options, batch, progress.log)
 

@@ -207,13 +207,10 @@ class Engine:
             state.finish(FinishReason.CANCELLED)
         for state in plan.expired:
             state.finish(FinishReason.FAILED, self._busy())
-        for source, target in plan.relocated:  # before the rows they leave are cleared for a request
-            self.runner.swap(source, target)
-        copies = {id(state): source for state, source in plan.copied}
+        for kind, a, b in plan.shuffles:  # in order, before the rows taken are cleared for their requests
+            (self.runner.swap if kind == "trade" else self.runner.copy)(a, b)
         for state in plan.admitted:
             try:
-                if id(state) in copies:  # the kept row's prefix, in the request's own row
-                    self.runner.copy(copies[id(state)], state.rows)
                 self._begin(state)
             except BaseException as e:  # this request fails alone (see _step)
                 self._end(state, FinishReason.FAILED, e)

@@ -94,15 +94,24 @@ class Plan:
     dropped: list[State] = field(default_factory=list)  # cancelled while waiting: nothing to free
     expired: list[State] = field(default_factory=list)  # waited past busy_timeout
     admitted: list[State] = field(default_factory=list)  # now hold rows; their rows start clean
-    # admitted requests whose row starts as a copy of a kept row's (state, that row): a prefix of their
-    # prompt, which the kept row goes on keeping
-    copied: list[tuple[State, slice]] = field(default_factory=list)
-    # kept prefixes moved out of the low rows an admitted request takes (from row, to row): the rows
-    # trade places first, so the request steps a graph no larger than it needs and the prefix stays
-    relocated: list[tuple[slice, slice]] = field(default_factory=list)
+    # What happens to rows before the admitted requests begin, in this order (a later entry may move a
+    # row an earlier one read): ("trade", a, b): kept prefixes moved out of the low rows an admitted
+    # request takes, the rows trading places, so the request steps a graph no larger than it needs and
+    # the prefix stays; ("copy", kept row, request's row): its row starts as a copy of a kept row's, a
+    # prefix of its prompt, which the kept row goes on keeping
+    shuffles: list[tuple[str, slice, slice]] = field(default_factory=list)
     # decoding requests moved down into free rows (state, the rows it left): their cache goes with them
     moved: list[tuple[State, slice]] = field(default_factory=list)
     prefill: list[Piece] = field(default_factory=list)
+
+    @property
+    def relocated(self) -> list[tuple[slice, slice]]:
+        return [(a, b) for kind, a, b in self.shuffles if kind == "trade"]
+
+    @property
+    def copied(self) -> list[tuple[slice, slice]]:
+        """(kept row, request's row) of each copy."""
+        return [(a, b) for kind, a, b in self.shuffles if kind == "copy"]
 
     @property
     def empty(self) -> bool:
@@ -285,7 +294,7 @@ class Scheduler:
                 source = next((r for r, k in self.kept.items() if k is kept), None)
                 if source is None or source == target.start:  # no row to move it to: the target holds it
                     return target
-                plan.copied.append((state, slice(source, source + 1)))
+                plan.shuffles.append(("copy", slice(source, source + 1), target))
                 return target
         return self._clear_rows(state.batch, plan)
 
@@ -294,7 +303,7 @@ class Scheduler:
         low = self._free_rows(1, spare_kept=False)
         if low.start >= row:
             return slice(row, row + 1)
-        plan.relocated.append((slice(row, row + 1), low))
+        plan.shuffles.append(("trade", slice(row, row + 1), low))
         self._trade(row, low.start)
         return low
 
@@ -315,7 +324,7 @@ class Scheduler:
             if to in self.kept and self.kept[to].used > self.kept[row].used:
                 break  # the rest are older than any row left to evict: they go (`_own` drops them)
             self.kept.pop(to, None)
-            plan.relocated.append((slice(row, row + 1), slice(to, to + 1)))
+            plan.shuffles.append(("trade", slice(row, row + 1), slice(to, to + 1)))
             self._trade(row, to)
         return rows
 

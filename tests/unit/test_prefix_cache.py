@@ -113,3 +113,24 @@ def test_a_prefix_holding_an_image_is_reused_only_with_the_same_image(runtimes):
     reused = _run(rt, Engine(rt.model, rt.decode, rt.contract), [(first, SHORT), (continued(blue), SHORT),
                                                                  (continued(red), SHORT)])  # fmt: skip
     assert reused == [0, 0, held.shape[1]]
+
+
+def test_requests_admitted_together_into_a_full_cache_each_reuse_their_own_prefix(eager_runtime):
+    """Four rows keep prefixes and four requests that each share part of one arrive at once: their copies
+    and the trades that make room for them are carried out in the order the scheduler planned them (a
+    trade for a later request moved an earlier one's copy source first, and it started from another
+    prompt's cache: wrong from its first token; SmolLM2 at 8 streams found it)."""
+    rt = eager_runtime("tiny-llama", rows=8, cache=96)
+    torch.manual_seed(11)
+    shared = [torch.randint(3, 300, (1, 12)) for _ in range(4)]
+    with rt.engine.together():  # at once, so each keeps its own row
+        first = [rt.submit(ids, **SHORT) for ids in shared]
+    for handle in first:
+        handle.result()
+    later = [torch.cat([ids[:, :8], torch.randint(3, 300, (1, 3))], 1) for ids in reversed(shared)]
+    with rt.engine.together():
+        handles = [rt.submit(ids, want_logits=True, **SHORT) for ids in later]
+    results = [tuple(torch.stack(x, dim=1) for x in zip(*h, strict=True)) for h in handles]
+    plan = [({"input_ids": ids}, SHORT, None) for ids in later]
+    assert_each_matches_lone_generate(rt.model, plan, results)
+    assert [h.cached_tokens for h in handles] == [8] * 4

@@ -354,7 +354,7 @@ def test_a_request_reusing_part_of_a_kept_row_copies_it_into_the_lowest_row_and_
     s.add(part)
     plan = s.plan(now=1)
     assert part.rows == slice(0, 1) and part.fed == 8 and list(s.kept) == [2]  # the kept row moved up first
-    assert plan.relocated == [(slice(0, 1), slice(2, 3))] and plan.copied == [(part, slice(2, 3))]
+    assert plan.relocated == [(slice(0, 1), slice(2, 3))] and plan.copied == [(slice(2, 3), slice(0, 1))]
     s.add(whole)  # extends all the row keeps: takes the row itself, moved down to the lowest free row
     plan = s.plan(now=2)
     assert whole.rows == slice(1, 2) and whole.fed == 29 and not plan.copied and not s.kept
