@@ -1,4 +1,4 @@
-"""Speculative decoding through the engine, on the eager step (seconds; tests/bundle/test_speculation.py
+"""Speculative decoding through the engine, on the eager step (seconds; tests/bundle/test_verify_graphs.py
 runs the compiled verify graphs): greedy tokens and logits equal HF `generate` in every text family and
 the VLM, past the sliding window, whether drafts are accepted, partly accepted or rejected, beside rows
 that do not draft; the rejection rule keeps a sampled distribution; and the policy that decides when a

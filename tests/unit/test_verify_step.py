@@ -1,7 +1,7 @@
 """The verify step (speculative decoding): one call over a row's next token and k drafted ones computes
 what k + 1 single-token steps compute, and drafts it wrote but the engine rejected change nothing that
 a later step reads, in full layers and in rings (which hold k slots beyond their window for that). Run
-on the eager step, the module the exporter traces; tests/bundle/test_speculation.py runs the compiled one."""
+on the eager step, the module the exporter traces; tests/bundle/test_verify_graphs.py runs the compiled one."""
 
 from __future__ import annotations
 
