@@ -95,11 +95,18 @@ def measure(bundle: Path, config: BenchConfig, log) -> dict:
         _once(rt, ids, 8, None)  # warm both graphs' code paths
         runs = {"plain": [], "drafted": []}
         for r in range(config.rounds):
-            for mode, drafts in (("plain", 0), ("drafted", None)) if r % 2 == 0 else (("drafted", None), ("plain", 0)):
+            for mode, drafts in _turns(r):
                 runs[mode].append(_once(rt, ids, config.new_tokens, drafts))
         out["tasks"][name] = _summary(kind, ids.shape[1], runs)
         log(f"{name}: {out['tasks'][name]['ratio']:.2f}x, acceptance {out['tasks'][name]['acceptance']:.0%}")
     return out
+
+
+def _turns(round_: int) -> tuple[tuple[str, int | None], ...]:
+    """(mode, prompt_lookup_num_tokens) in the order round `round_` runs them: alternating, so neither
+    mode always goes first (0: no drafts; None: the bundle's)."""
+    turns = (("plain", 0), ("drafted", None))
+    return turns if round_ % 2 == 0 else turns[::-1]
 
 
 def _prompt(rt, message: str):
@@ -113,7 +120,7 @@ def _streams(rt, prompts: list, config: BenchConfig, log) -> dict:
     n = config.streams
     runs = {"plain": [], "drafted": []}
     for r in range(config.rounds):
-        for mode, drafts in (("plain", 0), ("drafted", None)) if r % 2 == 0 else (("drafted", None), ("plain", 0)):
+        for mode, drafts in _turns(r):
             start = time.perf_counter()
             with rt.engine.together():
                 handles = [rt.submit(prompts[i % len(prompts)], max_new_tokens=config.new_tokens, do_sample=False,

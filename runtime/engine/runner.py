@@ -120,13 +120,17 @@ class Runner:
         """One decode call advances every decoding request's rows by one token; the first `width` rows
         are needed, and the smallest batch the decode has a graph for that covers them is computed (the
         rows past `width` step harmlessly, as every row does). Returns the raw logits (width, vocab) fp32."""
+        self._advance(decoding)
+        rows = covering(self.decode.batches, width, self.tokens.shape[0])
+        logits = self.decode(self.tokens[:rows], *self.positions.inputs(rows), [t[:rows] for t in self.kv])
+        return logits[:width].float()
+
+    def _advance(self, decoding: list[RequestState]) -> None:
+        """Every decoding request's rows admit the token this step feeds them."""
         active = torch.zeros(self.tokens.shape[0], dtype=torch.bool, device=self.tokens.device)  # (B,)
         for state in decoding:
             active[state.rows] = True
         self.positions.advance(active)
-        rows = covering(self.decode.batches, width, self.tokens.shape[0])
-        logits = self.decode(self.tokens[:rows], *self.positions.inputs(rows), [t[:rows] for t in self.kv])
-        return logits[:width].float()
 
     @property
     def draft_tokens(self) -> int:
@@ -144,10 +148,7 @@ class Runner:
         """One verify call: every decoding request's rows take their next token, and a row with drafts
         (`drafts`: row -> ids (d,), d <= k) takes them after it. Returns the raw logits (width, k + 1,
         vocab) fp32, after each token; `settle` then says how many drafts each row keeps."""
-        active = torch.zeros(self.tokens.shape[0], dtype=torch.bool, device=self.tokens.device)  # (B,)
-        for state in decoding:
-            active[state.rows] = True
-        self.positions.advance(active)
+        self._advance(decoding)
         rows, k = covering(self.decode.verify_batches, width, self.tokens.shape[0]), self.draft_tokens
         tokens = self.tokens[:rows].repeat(1, k + 1)  # (rows, k + 1): past a row's drafts, queries nobody reads
         for row, drafted in drafts.items():
