@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from exporter.names import PRESET_NAMES, REAL_CHECKPOINTS
+from exporter.names import GEMV_POLICIES, PRESET_NAMES, REAL_CHECKPOINTS
 from runtime.cli import Formatter, add_commands, add_version, dispatch, quiet
 
 
@@ -82,7 +82,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     )
     e.add_argument(
         "--gemv",
-        choices=("tune", "aten", "reduce"),
+        choices=GEMV_POLICIES,
         default="tune",
         help="decode-step GEMV kernels: time the candidates on this machine, or take one family untimed",
     )
@@ -150,7 +150,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         "llama-cpp-python sdist's vendor/llama.cpp), run with --parallel N on the same weights; needs "
         "--llama-cpp-converter",
     )
-    b.add_argument("--gemv", choices=("tune", "aten", "reduce"), default="tune", help="passed to aotpack export")
+    b.add_argument("--gemv", choices=GEMV_POLICIES, default="tune", help="passed to aotpack export")
     b.add_argument(
         "--onnx",
         action="store_true",

@@ -24,7 +24,7 @@ from runtime.format.contract import BATCH, INPUT_NAMES, METADATA_KEY, SPAN, STEP
 from runtime.format.manifest import NativeKernels, Quantization
 from runtime.format.quant import INDUCTOR
 from runtime.model.cache import allocate
-from runtime.quant import SCHEMES
+from runtime.quant import SCHEMES, dense
 
 
 @torch.no_grad()
@@ -93,17 +93,22 @@ def inductor_options(
     tokens: int = 1,
 ) -> dict:
     """The options of one decode graph: kernel_options, the contract's fingerprint in its metadata, and for
-    the integer family's layers, aotpack's kernels (`native`): the graph calls their C shims directly (a
-    call through AOTInductor's proxy executor cost 19 us, 2.5 ms a Gemma step, against under 1 us) and
-    links against them by soname (exporter.kernels.linkable shows the linker where they are)."""
+    the integer family's layers or the `dense` lowering, aotpack's kernels (`native`; see native_options)."""
     dequantizing = quantization is not None and quantization.kernels == INDUCTOR
     options = kernel_options(device, cpu_isa, dequantizing)
     # What the .so was compiled for, inside the .so: load() refuses a manifest that says otherwise.
     options["aot_inductor.metadata"] = {METADATA_KEY: contract.fingerprint(batch, tokens)}
-    if native is not None:
-        shims = {s.op: [s.c_shim] for s in SCHEMES.values() if s.c_shim}
-        options |= {"aot_inductor.custom_ops_to_c_shims": shims, "aot_inductor.custom_op_libs": [f":{native.soname}"]}
-    return options
+    return options | native_options(native)
+
+
+def native_options(native: NativeKernels | None) -> dict:
+    """A graph that calls aotpack's kernels calls their C shims directly (a call through AOTInductor's
+    proxy executor cost 19 us, 2.5 ms a Gemma step, against under 1 us) and links against them by soname
+    (exporter.kernels.linkable shows the linker where they are)."""
+    if native is None:
+        return {}
+    shims = {s.op: [s.c_shim] for s in SCHEMES.values() if s.c_shim} | {dense.OP: [dense.SHIM]}
+    return {"aot_inductor.custom_ops_to_c_shims": shims, "aot_inductor.custom_op_libs": [f":{native.soname}"]}
 
 
 def compile_graph(exported, options: dict, into: Path) -> list:

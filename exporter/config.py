@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter import generation
+from exporter.names import GEMV_POLICIES
 from runtime.errors import ExportError
 from runtime.format.files import MANIFEST
 from runtime.format.manifest import DEVICES, DTYPES, MAX_DRAFT_TOKENS, RECIPES, SCALE_SEARCHES
@@ -19,7 +20,6 @@ from runtime.format.quant import GROUP_SIZES, INDUCTOR, INT4, INTEGER, METHODS, 
 CPU_ISAS = ("native", "avx2")
 MAX_CACHE_LEN = 1 << 20  # tokens: more than any model here attends to; a typo of 10**12 fails here, not in malloc
 MAX_BATCH = 1024
-GEMV_POLICIES = ("tune", "aten", "reduce")
 QUANT_KERNELS = ("auto", INTEGER, INDUCTOR)  # auto: time both families here and keep the faster
 
 
@@ -42,7 +42,7 @@ class ExportConfig:
     recipe: str = "mixed"  # int4: which modules stay at int8, as llama.cpp's Q4_K_M chooses (exporter.quantize)
     scale_search: str = "mse"  # int4: scales and mins fitted per group (exporter.scales), or each group's range
     accuracy: bool = True  # score a reduced-precision bundle against its float32 model
-    gemv: str = "tune"  # "tune": time each weight shape's kernels here; "aten"/"reduce": one family, untimed
+    gemv: str = "tune"  # "tune": time each weight shape's kernels here; "aten"/"reduce"/"dense": one, untimed
     sign_key: Path | None = None  # elliptic-curve private key (PEM): sign the bundle (runtime.format.signing)
     onnx: bool = False  # also write decode.onnx, the same step for ONNX Runtime (runtime.backends.onnxruntime)
     generation: tuple[tuple[str, object], ...] = ()  # defaults over the checkpoint's (exporter.generation)
@@ -81,6 +81,11 @@ class ExportConfig:
             )
         if self.gemv not in GEMV_POLICIES:
             raise ExportError(f"--gemv {self.gemv!r} is not supported; choose one of {GEMV_POLICIES}")
+        if self.gemv == "dense" and (self.device != "cpu" or self.quantize):
+            raise ExportError(
+                "--gemv dense runs aotpack's CPU GEMM over float weights; use --gemv tune (or aten) for "
+                f"--device {self.device}{' or --quantize' if self.quantize else ''}"
+            )
         object.__setattr__(self, "out", Path(self.out))
         self._check_out()
         if self.sign_key is not None and not Path(self.sign_key).is_file():

@@ -23,11 +23,11 @@ from exporter import attention as decode_attention
 from exporter import generation, kernels, quant_family, quantize, templates
 from exporter.accuracy import accuracy, reference
 from exporter.compat import package_metadata_and_constants
-from exporter.compile import compile_graph, export_decode, inductor_options, package_graphs
+from exporter.compile import compile_graph, export_decode, inductor_options, native_options, package_graphs
 from exporter.config import ExportConfig
 from exporter.constants import constant_sources
 from exporter.landing import land, readable_by_all, signals_abort, staging_dir
-from exporter.lowering import fixed, lower, tune, weight_shapes
+from exporter.lowering import MAX_FUSED_ROWS, fixed, lower, tune, weight_shapes
 from exporter.model import cache_layout, decode_module, is_multimodal, load_model, text_config
 from exporter.onnx_export import export_onnx
 from exporter.parity import check_parity
@@ -40,7 +40,7 @@ from runtime.backends.onnxruntime import OnnxRuntimeDecode
 from runtime.errors import ExportError
 from runtime.format.contract import INPUT_NAMES, DecodeContract, graph_name
 from runtime.format.files import DECODE, DECODE_ONNX, KERNELS, MANIFEST, sha256
-from runtime.format.manifest import AOTPACK_VERSION, FORMAT_VERSION, DecodeGraph, Manifest, Parity, Quantization
+from runtime.format.manifest import AOTPACK_VERSION, DENSE, FORMAT_VERSION, DecodeGraph, Manifest, Parity, Quantization
 from runtime.format.quant import INTEGER
 from runtime.format.signing import sign
 
@@ -81,7 +81,7 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
             ref = reference(float32, tokenizer)
     del float32
     quantization, family = _quantize(config, model, plan, progress) if plan else (None, None)
-    native = family.built if family else None
+    native = family.built if family else _dense_kernels(config, progress)
     layout = cache_layout(model, config.max_cache_len, config.speculate)
     step = decode_module(model, layout)
     contract = DecodeContract(
@@ -90,6 +90,8 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     options = inductor_options(config.device, config.cpu_isa, contract, None, quantization)
     kernel = _attention(model, config, attention, options, progress)
     graphs, package = _compile_graphs(config, model, step, contract, kernel, quantization, native, progress, staging)
+    if family is None and not any(lw.chosen == DENSE for g in graphs for lw in g.lowerings):
+        native = None  # no graph calls the kernels: the bundle goes without them
     with stage("write", "writing weights, tokenizer and configs"):
         aliases = write_model(model, preprocessor, staging, defaults)
         manifest = _draft_manifest(config, model, step, layout, package, aliases)
@@ -112,7 +114,7 @@ def _compile_graphs(config, model, step, contract, kernel, quantization, native,
     compile already uses every core) and packaged into one decode.pt2; returns (the graphs' manifest
     entries, the package)."""
     graphs, files = [], {}
-    record = native.record if native else None
+    record = native.record if native and quantization else None  # float graphs link them if they call them
     shapes = [(b, 1) for b in config.buckets] + [(b, config.speculate + 1) for b in config.buckets if config.speculate]
     with tempfile.TemporaryDirectory(prefix="aotpack-graphs-") as compiled:  # each graph's own files
         for batch, tokens in shapes:
@@ -120,7 +122,7 @@ def _compile_graphs(config, model, step, contract, kernel, quantization, native,
             options = inductor_options(config.device, config.cpu_isa, contract, batch, quantization, record, tokens)
             with kernels.linkable(native):
                 graph, files[batch, tokens] = _compile_graph(
-                    config, model, step, contract, kernel, (batch, tokens), options, progress, into
+                    config, model, step, contract, kernel, (batch, tokens), options, native, progress, into
                 )
             graphs.append(graph)
         return graphs, package_graphs(files, staging / DECODE)
@@ -139,16 +141,19 @@ def _quantize(config: ExportConfig, model, plan: Quantization, progress: Progres
     return plan, family
 
 
-def _compile_graph(config, model, step, contract, kernel, shape, options: dict, progress: Progress, into):
+def _compile_graph(config, model, step, contract, kernel, shape, options: dict, native, progress: Progress, into):
     """The graph for exactly `shape` = (batch rows, tokens a row): traced, its GEMV kernels chosen for its
-    batch x tokens activation rows, compiled (its files kept in the directory `into`). Returns (its
-    manifest entry, parity still to check; the files)."""
+    batch x tokens activation rows, compiled (its files kept in the directory `into`; linked against
+    aotpack's kernels `native` where a lowering calls them). Returns (its manifest entry, parity still to
+    check; the files)."""
     (batch, tokens), start, stage = shape, time.perf_counter(), progress.stage
     what = f"batch-{batch} decode step" if tokens == 1 else f"batch-{batch} verify step ({tokens} tokens a row)"
     message = f"exporting the {what} of {type(model).__name__} ({len(contract.layout)} layers, "
     with stage("trace", message + f"cache {config.max_cache_len})"), decode_attention.installed(model, kernel):
         exported = export_decode(step, contract, batch, tokens)
-    lowerings = _lowerings(config, weight_shapes(exported), options, batch * tokens, progress)
+    lowerings = _lowerings(config, weight_shapes(exported), options, batch * tokens, progress, native is not None)
+    if native is not None and any(lw.chosen == DENSE for lw in lowerings):
+        options = options | native_options(native.record)
     with stage("compile", f"compiling with AOTInductor: the {what}"):
         files = compile_graph(lower(exported, lowerings), options, into)
     seconds = round(time.perf_counter() - start, 1)
@@ -159,7 +164,7 @@ def _parity(config, staging: Path, manifest: Manifest, model, tokenizer, package
     """Every graph against eager generate with as many rows as it steps; the ONNX decode at two rows.
     The manifest's `parity` is all of them together."""
     compiled = CompiledDecode(package, model, manifest)
-    integer = manifest.native is not None
+    integer = manifest.quantization is not None and manifest.quantization.kernels == INTEGER
     graphs = []
     for graph in manifest.graphs:
         name = f"compiled {'decode' if graph.tokens == 1 else 'verify'} (batch {graph.batch})"
@@ -209,22 +214,25 @@ def _attention(model, config: ExportConfig, attention: str, options: dict, progr
         )
 
 
-# Activation rows beyond which a graph's float weights are read by ATen's mm, untimed: a fused reduction
-# is one reduction per row per layer, and SmolLM2's batch-8 verify graph (40 rows) spent over 15 minutes
-# and 9 GB in Inductor's scheduler before it was stopped (its 5-row graph compiles in 3).
-MAX_FUSED_ROWS = 16
-
-
-def _lowerings(config: ExportConfig, shapes, options: dict, batch: int, progress: Progress):
-    """`batch`: the graph's activation rows (its batch times its tokens a row)."""
+def _lowerings(config: ExportConfig, shapes, options: dict, batch: int, progress: Progress, dense: bool):
+    """`batch`: the graph's activation rows (its batch times its tokens a row); `dense`: aotpack's GEMM
+    is a candidate (the export has its kernels)."""
     dtype = getattr(torch, config.dtype)
     if config.gemv != "tune":
         return fixed(shapes, dtype, config.gemv)
-    if batch > MAX_FUSED_ROWS:
+    if batch > MAX_FUSED_ROWS and not dense:
         progress.log(f"{batch} activation rows: ATen's mm reads the float weights (fused reductions compile too long)")
         return fixed(shapes, dtype, "aten")
     with progress.stage("tune", f"timing each weight shape's GEMV candidates at batch {batch} on this machine"):
-        return tune(shapes, dtype, config.device, options, batch, progress.log)
+        return tune(shapes, dtype, config.device, options, batch, progress.log, dense)
+
+
+def _dense_kernels(config: ExportConfig, progress: Progress):
+    """aotpack's kernels for a float CPU export whose graphs may choose the `dense` GEMM, else None."""
+    if config.device != "cpu" or config.gemv not in ("tune", DENSE):
+        return None
+    with progress.stage("kernels", "building aotpack's kernels (the dense GEMM is a lowering candidate)"):
+        return kernels.build(config.cpu_isa, log=progress.log)
 
 
 def _draft_manifest(config: ExportConfig, model, step, layout, package: Path, aliases: dict[str, str]) -> Manifest:

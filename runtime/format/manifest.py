@@ -37,8 +37,12 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # 10: speculative decoding: `draft_tokens` (k; 0 without), verify graphs beside the decode graphs (each
 # graph's `tokens` per row: 1, or k + 1), and rings k slots beyond their window; a format-6 to -9
 # manifest still reads, with no drafts and every graph a decode graph.
-FORMAT_VERSION = 10
-SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10})
+# 11: aotpack's kernels (`native`) also in float bundles, for the decode graphs whose lowerings chose the
+# `dense` GEMM (runtime.quant.dense); a format-6 to -10 manifest still reads (it carries them only with
+# integer kernels, which still holds).
+FORMAT_VERSION = 11
+SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11})
+DENSE = "dense"  # the float lowering that calls aotpack's kernels
 RECIPES = ("uniform", "sensitive", "mixed")
 MAX_DRAFT_TOKENS = 16  # drafts a verify graph may take per row
 SCALE_SEARCHES = ("minmax", "mse")
@@ -114,8 +118,9 @@ class Quantization:
 
 @dataclass(frozen=True)
 class NativeKernels:
-    """aotpack's own C++ kernels (the integer family), compiled at export for the target and carried in
-    the bundle; the decode graphs link against them by `soname` and the eager prefill calls them."""
+    """aotpack's own C++ kernels (the integer family; the `dense` GEMM), compiled at export for the target
+    and carried in the bundle; the decode graphs link against them by `soname` and the eager prefill of
+    an integer-quantized bundle calls them."""
 
     file: str  # KERNELS
     soname: str  # unique per source, flags and compiler: what decode.pt2's graphs name as a dependency
@@ -475,13 +480,13 @@ def _check_values(m: Manifest) -> None:
             raise ManifestError(f"manifest cache_bytes entry {nbytes!r} does not match its layer ({expected} bytes)")
     if m.quantization is not None:
         _check_quantization(m.quantization)
-    _check_native(m)
     if m.onnx is not None and (m.onnx.file != DECODE_ONNX or DECODE_ONNX not in m.files):
         raise ManifestError(f"manifest onnx entry names {m.onnx.file!r}, not a listed {DECODE_ONNX}; re-export it")
     a = m.decode_attention
     if a is not None and a.us_per_call and a.chosen not in a.us_per_call:
         raise ManifestError(f"manifest decode_attention chose {a.chosen!r}, which it did not time")
     _check_graphs(m)
+    _check_native(m)  # after the graphs: their lowerings say whether the kernels are needed
 
 
 def _check_graphs(m: Manifest) -> None:
@@ -542,12 +547,14 @@ def _check_quantization(q: Quantization) -> None:
 
 
 def _check_native(m: Manifest) -> None:
-    """The integer family needs its kernels, listed as a bundle file; nothing else carries them."""
+    """The integer family and the `dense` lowering need aotpack's kernels, listed as a bundle file; nothing
+    else carries them."""
     integer = m.quantization is not None and m.quantization.kernels == INTEGER
-    if integer != (m.native is not None):
+    dense = any(lw.chosen == DENSE for g in m.graphs for lw in g.lowerings)
+    if (integer or dense) != (m.native is not None):
         raise ManifestError(
-            "manifest quantization kernels and native kernels disagree (integer kernels need `native`, "
-            "and only they); re-export the bundle"
+            "manifest native kernels disagree with what calls them (integer kernels and `dense` lowerings "
+            "need `native`, and only they); re-export the bundle"
         )
     if m.native is not None and (m.native.file != KERNELS or KERNELS not in m.files):
         raise ManifestError(f"manifest native entry names {m.native.file!r}, not a listed {KERNELS}; re-export it")

@@ -149,4 +149,7 @@ def _lowering_lines(m: Manifest) -> list[str]:
             f"{p.max_abs_logit_diff:.2e} over {p.steps} steps, tokens match: {p.tokens_match}"
         )
         lines += [f"    GEMV {lw.op} {lw.rows}x{lw.cols}: {lw.chosen}{_timing(lw)}" for lw in graph.lowerings]
+    n = m.native
+    if n is not None and m.quantization is None:  # float graphs calling aotpack's dense GEMM
+        lines.append(f"  dense: aotpack's {n.isa} GEMM ({n.file}, {n.compiler})")
     return ["decode graphs one per batch, GEMV kernels chosen per weight shape at build time:", *lines]

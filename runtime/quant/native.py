@@ -32,6 +32,9 @@ _SIGNATURES = {
     "aotpack_linear_int4": ([_P, _I32, _I, _I, _P, _P, _P, _I, _I, _P], _I32),
     "aotpack_quantize_activations": ([_P, _I32, _I, _I, _P, _P, _P], _I32),
 }
+# Functions added after interface 1, without changing its signatures: a library built before them lacks
+# them, and only bundles that call them (their manifest says so) need them.
+_ADDED = {"aotpack_linear_dense": ([_P, _I32, _I, _I, _P, _I32, _I, _P], _I32)}
 
 
 class Library:
@@ -45,9 +48,10 @@ class Library:
             self._lib = ctypes.CDLL(str(path))  # RTLD_LOCAL: each graph reaches its own by soname
         except OSError as e:
             raise BundleError(f"{path.name} could not be loaded ({e}); re-export the bundle") from None
-        for name, (args, result) in _SIGNATURES.items():
-            function = getattr(self._lib, name)
-            function.argtypes, function.restype = args, result
+        for name, (args, result) in (_SIGNATURES | _ADDED).items():
+            if name in _SIGNATURES or hasattr(self._lib, name):
+                function = getattr(self._lib, name)
+                function.argtypes, function.restype = args, result
         abi, built = self._lib.aotpack_kernels_abi(), self._lib.aotpack_kernels_isa().decode()
         if abi != ABI or built != (isa or built):
             raise IncompatibleBundleError(
@@ -127,6 +131,23 @@ def linear_int4(x, codes, scales, mins, group_size: int, lib: Library | None = N
     )
     _checked(status, "int4")
     return y.view(*x.shape[:-1], codes.shape[0])
+
+
+def linear_dense(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -> torch.Tensor:
+    """x (..., K) @ w (N, K).T in fp32 sums, w fp32, bf16 or fp16 as stored; output in x's dtype."""
+    x2, code, m, k = _operands(x, (w,))
+    if w.dtype not in DTYPE_CODES or w.dim() != 2 or w.shape[1] != k:
+        raise ValueError(f"aotpack's dense kernel takes a float (N, {k}) weight, got {w.dtype} {tuple(w.shape)}")
+    lib = lib or library()
+    if not hasattr(lib._lib, "aotpack_linear_dense"):
+        raise BundleError("this bundle's kernels.so predates the dense kernel; re-export the bundle")
+    y = torch.empty(m, w.shape[0], dtype=x.dtype)
+    wc = w.contiguous()
+    status = lib.aotpack_linear_dense(
+        x2.data_ptr(), code, m, k, wc.data_ptr(), DTYPE_CODES[w.dtype], w.shape[0], y.data_ptr()
+    )
+    _checked(status, "dense")
+    return y.view(*x.shape[:-1], w.shape[0])
 
 
 def quantize_activations(x: torch.Tensor, lib: Library | None = None):

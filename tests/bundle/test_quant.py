@@ -37,13 +37,27 @@ QUANTIZED = {  # preset -> export options: both methods, both kernel families, t
 CONVERSATION = [[{"role": "user", "content": "Why is the sky blue?"}]]
 
 
-def _on(name: str) -> pytest.MarkDecorator:
+# The quantized VLM bundle (an int4 graph with Inductor's kernels, about 4 minutes of tests with its
+# compile) is opt-in: `-m heavy` (pyproject), so that the default run stays within its time.
+HEAVY = {"tiny-gemma3-vlm"}
+
+
+def _marks(name: str) -> list[pytest.MarkDecorator]:
     """The tests of one quantized bundle run on one xdist worker, each bundle's beside the others'."""
-    return pytest.mark.xdist_group(f"quantized-{name}")
+    return [pytest.mark.xdist_group(f"quantized-{name}")] + ([pytest.mark.heavy] if name in HEAVY else [])
+
+
+def _on(name: str):
+    def marked(test):
+        for mark in _marks(name):
+            test = mark(test)
+        return test
+
+    return marked
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(name, marks=_on(name)) for name in QUANTIZED])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=_marks(name)) for name in QUANTIZED])
 def test_quantized_bundle_matches_its_eager_model(name, runtime):
     """Greedy tokens identical to HF eager generate on the same quantized model (rt.model is the eager
     model the bundle builds), raw logits within 1e-4 in fp32, past the window of 8 where there is one."""
@@ -136,9 +150,10 @@ def test_quantized_manifest_records_accuracy(runtime):
 @pytest.mark.slow
 @pytest.mark.xdist_group("tuned-tiny-gemma3")
 def test_tuned_bundle_records_every_candidate_and_keeps_the_fastest(runtime, reference):
-    """`--gemv tune` times ATen's mm and the Inductor reduction for every weight shape; the manifest
-    keeps both rates and spreads and the faster choice (the known-good one where the timing was judged
-    noise: tests run beside each other), and the bundle still matches HF past the window."""
+    """`--gemv tune` times ATen's mm, the Inductor reduction and aotpack's dense GEMM for every weight
+    shape; the manifest keeps every rate and spread and the faster choice (the known-good one where the
+    timing was judged noise: tests run beside each other), and the bundle still matches HF past the
+    window."""
     rt = runtime("tiny-gemma3", "--gemv", "tune")
     (graph,) = rt.manifest.graphs  # the batch-4 graph, timed with 4 rows
     shapes = {(lw.rows, lw.cols) for lw in graph.lowerings}

@@ -1,7 +1,9 @@
 """Speculative decoding in a bundle: `--speculate 3` compiles a verify graph beside the decode graph,
 checked at export, sharing the weights and the cache; through it, greedy tokens and logits equal HF
 `generate` past the sliding window with drafts right, partly right and wrong, beside requests that do
-not draft; and bad verify inputs are refused before native code runs."""
+not draft; and bad verify inputs are refused before native code runs. Its float weights are read by
+aotpack's dense GEMM (`--gemv dense`: 4 rows in the decode graph, 16 in the verify graph), so these
+parity tests are that kernel's too."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from runtime.errors import InvalidInputError
 
 NAME = "tiny-gemma3"  # sliding window 8 beside full layers
 DRAFTS = 3
-OPTIONS = ("--gemv", "aten", "--speculate", str(DRAFTS), "--batch-buckets", "4")
+OPTIONS = ("--gemv", "dense", "--speculate", str(DRAFTS), "--batch-buckets", "4")
 GREEDY = {"max_new_tokens": 40, "min_new_tokens": 40, "do_sample": False}  # 5 windows
 
 
@@ -48,6 +50,14 @@ def test_the_bundle_has_a_verify_graph_checked_at_export_and_rings_with_room_for
     verify = next(g for g in m.graphs if g.tokens == DRAFTS + 1)
     assert verify.parity.tokens_match and verify.parity.steps > 0
     assert all(layer.slots == layer.window + DRAFTS for layer in m.cache_layout if layer.window)
+
+
+def test_the_graphs_call_the_dense_gemm_the_bundle_carries(rt):
+    """Every float weight of both graphs is read by aotpack's GEMM, from the kernels.so listed in the
+    manifest (a float bundle carries it only when a graph calls it)."""
+    m = rt.manifest
+    assert {lw.chosen for g in m.graphs for lw in g.lowerings} == {"dense"}
+    assert m.native is not None and m.native.file in m.files and m.quantization is None
 
 
 def test_drafted_greedy_decoding_equals_hf_through_the_compiled_verify_graph(rt, reference):

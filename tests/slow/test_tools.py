@@ -16,7 +16,7 @@ from runtime import load
 ROOT = Path(__file__).parents[2]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.xdist_group("bench-batch-1")  # minutes of exports and fresh processes: a worker of its own
 def test_bench_completes_and_writes_its_files(tmp_path, capsys):
     """A benchmark is not a timed test: this checks that every figure is produced, not how fast."""
@@ -85,7 +85,7 @@ def _synthetic_run(system: str, decode_ms: float, tokens: list[int], round_: int
     }
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.xdist_group("bench-contexts")
 def test_bench_context_sweep_completes_and_writes_its_files(tmp_path):
     """`--contexts` over two cache sizes: each context that fits, decode, and the engine against the step."""
@@ -204,6 +204,7 @@ def test_serve_report_compares_with_transformers_serve():
     assert figures(results)["tps_vs_llama_server"] == pytest.approx(1.5)
 
 
+@pytest.mark.heavy
 def test_portable_cpu_isa_bundle(bundle, checkpoint, tmp_path):
     out = tmp_path / "portable"
     args = ["export", str(checkpoint("tiny-llama")), "--out", str(out), "--max-cache-len", "160", "--cpu-isa", "avx2"]
@@ -217,6 +218,7 @@ def test_portable_cpu_isa_bundle(bundle, checkpoint, tmp_path):
     )
 
 
+@pytest.mark.heavy
 def test_seed_example_runs_offline(bundle):
     done = subprocess.run(
         [sys.executable, "examples/seed_gemma3.py", "--out", str(bundle("tiny-gemma3-vlm"))],

@@ -73,7 +73,7 @@ lowerings = st.builds(
     st.sampled_from(["linear", "int8", "int4"]),
     st.integers(1, 4096),
     st.integers(1, 4096),
-    st.dictionaries(names, st.floats(0, 100), max_size=3),
+    st.dictionaries(names | st.just("dense"), st.floats(0, 100), max_size=3),
     st.none() | st.text(max_size=20),
 )
 constants = st.builds(
@@ -113,8 +113,14 @@ def manifests(draw):
     onnx = draw(onnx_decodes)
     quantization = draw(quantizations)
     batches = sorted({*draw(st.lists(st.integers(1, batch), max_size=3)), batch})
+    graphs = tuple(
+        DecodeGraph(b, tuple(draw(st.lists(lowerings, max_size=3))), draw(parities), draw(st.floats(0, 1e4)), t)
+        for t in ((1, drafts + 1) if drafts else (1,))
+        for b in batches
+    )
     native = None
-    if quantization is not None and quantization.kernels == "integer":
+    dense = any(lw.chosen == "dense" for g in graphs for lw in g.lowerings)
+    if dense or (quantization is not None and quantization.kernels == "integer"):
         native = NativeKernels("kernels.so", "libaotpack-kernels-0123456789abcdef.so", "avx2", 1, "g++ 12.2.0")
     return Manifest(
         format_version=FORMAT_VERSION,
@@ -137,11 +143,7 @@ def manifests(draw):
         constants=tuple(draw(st.lists(constants, max_size=4))),
         weight_aliases=draw(st.dictionaries(names, names, max_size=2)),
         quantization=quantization,
-        graphs=tuple(
-            DecodeGraph(b, tuple(draw(st.lists(lowerings, max_size=3))), draw(parities), draw(st.floats(0, 1e4)), t)
-            for t in ((1, drafts + 1) if drafts else (1,))
-            for b in batches
-        ),
+        graphs=graphs,
         draft_tokens=drafts,
         decode_attention=draw(attentions),
         accuracy=draw(accuracies),
@@ -438,10 +440,28 @@ def test_integer_kernels_and_their_library_go_together(manifest):
         message = "not a listed kernels.so"
     elif raw["quantization"] is not None:
         raw["quantization"] |= {"kernels": "integer", "layout": "tiles4"}
-        message = "integer kernels need `native`"
+        message = "integer kernels and `dense` lowerings need `native`"
     else:
         return
     with pytest.raises(ManifestError, match=message):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_dense_lowerings_and_the_kernels_library_go_together(manifest):
+    """A graph that chose aotpack's dense GEMM needs the bundle's kernels.so; a float bundle whose graphs
+    call nothing of it carries none."""
+    raw = json.loads(manifest.to_json())
+    lowerings = [lw for graph in raw["graphs"] for lw in graph["lowerings"]]
+    integer = raw["quantization"] is not None and raw["quantization"]["kernels"] == "integer"
+    if not lowerings or integer:
+        return
+    dense = any(lw["chosen"] == "dense" for lw in lowerings)
+    for lw in lowerings:
+        lw["chosen"] = "aten" if dense else "dense"
+        lw["gb_per_s"], lw["spread"] = {}, {}  # untimed (--gemv aten or dense)
+    with pytest.raises(ManifestError, match="need `native`, and only they"):
         Manifest.from_json(_with_digest(raw))
 
 

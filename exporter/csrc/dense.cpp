@@ -1,0 +1,201 @@
+// aotpack's float GEMM for small batches: y (M, N) = x (M, K) @ W^T, W (N, K) fp32, bf16 or fp16 as the
+// checkpoint stores it (no repacked copy: the eager prefill reads the same tensor through torch).
+//
+// The decode step multiplies a few activation rows (1-8, or 5-40 in a verify graph) into every weight, so
+// the weights must stream from memory once whatever M is, and each loaded, converted weight vector must
+// feed several rows. Inductor's fused reductions did that for 1 row but spilled at 8 (a Gemma 3 step over
+// 8 rows cost 1.6-1.9x one row), and ATen's mm at small M runs a GEMV per row in bf16 and was 3x slower
+// at M = 2 than at M = 1 in fp32. Here a micro-tile of NR = 3 weight rows and MR = 4 activation rows
+// keeps 12 accumulators (vectors of 8 lanes along K) in registers: per 8 columns, 3 weight loads and 4
+// activation loads feed 12 FMAs. A tile's weight rows are read from memory for the first group of
+// activation rows and from cache for the others. Threads split the weight tiles.
+//
+// Each output's sum runs in one order whatever M, the tile or the thread (8 lanes over K in steps of 8,
+// the lanes summed by hsum, then the K % 8 tail in order), so a row's result does not depend on the batch.
+#include "quant_common.h"
+#include "shim_common.h"
+
+#include <climits>
+
+namespace aotpack {
+namespace {
+
+constexpr int NR = 3;  // weight rows per micro-tile (3 x 4 accumulators, 3 weight vectors and 1 activation vector: 16 registers)
+constexpr int MR = 4;  // activation rows per micro-tile
+
+template <int W> inline float weight_at(const void* w, int64_t i) { return load_as_f32<W>(w, i); }
+
+#if defined(AOTPACK_AVX2)
+template <int W> inline __m256 load8(const void* w, int64_t i) {
+  if constexpr (W == F32) return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
+  if constexpr (W == BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  else return _mm256_cvtph_ps(h);
+}
+
+// y[m0 .. m0 + R, n0 .. n0 + C] for R <= MR activation rows (fp32, ldx apart) and C <= NR weight rows.
+// `phase` of `phases` (>= 1; 0 phases: no prefetching): this pass fetches every phases-th cache line of
+// the next tile, starting at line `phase`, so the passes over a tile spread the next one's fetches evenly.
+template <int W, int R, int C>
+inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, int64_t n0, float out[MR][NR], int64_t phase,
+                  int64_t phases) {
+  constexpr int64_t SIZE = W == F32 ? 4 : 2, LINE = 64 / SIZE;  // elements per cache line
+  const char* ahead = static_cast<const char*>(w) + (n0 + C) * K * SIZE;  // the next tile, same columns
+  int64_t fetch = phases ? phase * LINE : INT64_MAX;  // the next column whose line this pass fetches
+  __m256 acc[R][C];
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+  const int64_t body = K / 8 * 8;
+  for (int64_t k = 0; k < body; k += 8) {
+    if (k == fetch) {  // a hint: it never faults, past the last tile included
+      for (int c = 0; c < C; c++) _mm_prefetch(ahead + (c * K + k) * SIZE, _MM_HINT_T0);
+      fetch += phases * LINE;
+    }
+    __m256 wv[C];
+    for (int c = 0; c < C; c++) wv[c] = load8<W>(w, (n0 + c) * K + k);
+    for (int r = 0; r < R; r++) {
+      __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
+      // Kept in a register for its C uses: GCC otherwise folds the load into each FMA, and with 2 loads a
+      // cycle those loads bounded the loop (a verify graph's 40 rows: 108 ms of GEMVs, 84 ms kept).
+      asm("" : "+x"(xv));
+      for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      float s = hsum(acc[r][c]);
+      for (int64_t k = body; k < K; k++) s += x[r * ldx + k] * weight_at<W>(w, (n0 + c) * K + k);
+      out[r][c] = s;
+    }
+}
+#else
+template <int W, int R, int C>
+inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, int64_t n0, float out[MR][NR], int64_t,
+                  int64_t) {
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      float lanes[8] = {};
+      const int64_t body = K / 8 * 8;
+      for (int64_t k = 0; k < body; k += 8)
+        for (int l = 0; l < 8; l++) lanes[l] += x[r * ldx + k + l] * weight_at<W>(w, (n0 + c) * K + k + l);
+      // hsum's order: lanes (0+4, 1+5, 2+6, 3+7), then (a+c, b+d), then the two
+      const float a = lanes[0] + lanes[4], b = lanes[1] + lanes[5], c2 = lanes[2] + lanes[6], d = lanes[3] + lanes[7];
+      float s = (a + c2) + (b + d);
+      for (int64_t k = body; k < K; k++) s += x[r * ldx + k] * weight_at<W>(w, (n0 + c) * K + k);
+      out[r][c] = s;
+    }
+}
+#endif
+
+template <int C> void store(const float out[MR][NR], int R, int64_t m, int64_t n0, int32_t dtype, int64_t N, void* y) {
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      const int64_t i = (m + r) * N + n0 + c;
+      if (dtype == F32) store_from_f32<F32>(y, i, out[r][c]);
+      else if (dtype == BF16) store_from_f32<BF16>(y, i, out[r][c]);
+      else store_from_f32<F16>(y, i, out[r][c]);
+    }
+}
+
+// Every activation row against weight rows n0 .. n0 + C of w (rows K apart), MR at a time. The first pass
+// reads the rows from memory (fetched ahead), later ones from cache; with `prefetch` the passes together
+// fetch the next tile, each a share, so that memory streams while they compute.
+template <int W, int C>
+void passes(const float* x, int64_t M, int64_t K, const void* w, int64_t n0, bool prefetch, int32_t dtype,
+            int64_t yn0, int64_t N, void* y) {
+  float out[MR][NR];
+  const int64_t phases = prefetch ? (M + MR - 1) / MR : 0;
+  for (int64_t m = 0; m < M; m += MR) {
+    const int64_t rows = std::min<int64_t>(MR, M - m), phase = m / MR;
+    static_assert(MR == 4, "the cases below cover 1 .. MR rows");
+    switch (rows) {
+      case 4: micro<W, 4, C>(x + m * K, K, w, K, n0, out, phase, phases); break;
+      case 3: micro<W, 3, C>(x + m * K, K, w, K, n0, out, phase, phases); break;
+      case 2: micro<W, 2, C>(x + m * K, K, w, K, n0, out, phase, phases); break;
+      default: micro<W, 1, C>(x + m * K, K, w, K, n0, out, phase, phases);
+    }
+    store<C>(out, int(rows), m, yn0, dtype, N, y);
+  }
+}
+
+// A bf16 or fp16 tile used by more than one group of rows is converted to fp32 once (a per-thread buffer
+// of C * K floats, in L1 or L2), not once per group: at 8 rows the conversions had cost as much as the
+// FMAs. The products and sums are the same either way.
+template <int W, int C>
+void tile(const float* x, int64_t M, int64_t K, const void* w, int64_t n0, int32_t dtype, int64_t N, void* y,
+          float* converted) {
+  if (W == F32 || M <= MR) return passes<W, C>(x, M, K, w, n0, true, dtype, n0, N, y);
+  constexpr int64_t LINE = 32;  // 2-byte elements per cache line
+  const char* ahead = static_cast<const char*>(w) + (n0 + C) * K * 2;
+  int64_t i = 0;
+#if defined(AOTPACK_AVX2)
+  for (; i + 8 <= C * K; i += 8) {
+    if (i % LINE == 0) _mm_prefetch(ahead + i * 2, _MM_HINT_T0);
+    _mm256_storeu_ps(converted + i, load8<W>(w, n0 * K + i));
+  }
+#endif
+  for (; i < C * K; i++) converted[i] = weight_at<W>(w, n0 * K + i);
+  passes<F32, C>(x, M, K, converted, 0, false, dtype, n0, N, y);
+}
+
+template <int W> void gemm_dense(const float* x, int64_t M, int64_t K, const void* w, int64_t N, int32_t dtype, void* y) {
+  const int64_t tiles = N / NR, rest = N % NR;
+#pragma omp parallel
+  {
+    std::vector<float> converted(W == F32 ? 0 : size_t(NR * K));  // per thread, for tile()
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles + rest; t++) {
+      if (t < tiles) tile<W, NR>(x, M, K, w, t * NR, dtype, N, y, converted.data());
+      else tile<W, 1>(x, M, K, w, tiles * NR + (t - tiles), dtype, N, y, converted.data());
+    }
+  }
+}
+
+// x as a dense fp32 (M, K) matrix: converted once per call into a per-thread scratch buffer.
+const float* as_f32(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx) {
+  thread_local std::vector<float> buffer;
+  buffer.resize(size_t(M * K));
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t k = 0; k < K; k++) {
+      const int64_t i = m * ldx + k;
+      buffer[size_t(m * K + k)] = dtype == F32 ? load_as_f32<F32>(x, i)
+                                  : dtype == BF16 ? load_as_f32<BF16>(x, i)
+                                                  : load_as_f32<F16>(x, i);
+    }
+  return buffer.data();
+}
+
+}  // namespace
+
+int32_t linear_dense(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int32_t wtype,
+                     int64_t N, void* y) {
+  if (M < 0 || K < 1 || N < 0 || ldx < K) return BAD_SHAPE;
+  if (dtype < F32 || dtype > F16 || wtype < F32 || wtype > F16) return BAD_DTYPE;
+  if (M == 0 || N == 0) return OK;
+  const float* xf = (dtype == F32 && ldx == K) ? static_cast<const float*>(x) : as_f32(x, dtype, M, K, ldx);
+  if (wtype == F32) gemm_dense<F32>(xf, M, K, w, N, dtype, y);
+  else if (wtype == BF16) gemm_dense<BF16>(xf, M, K, w, N, dtype, y);
+  else gemm_dense<F16>(xf, M, K, w, N, dtype, y);
+  return OK;
+}
+
+}  // namespace aotpack
+
+extern "C" {
+
+int32_t aotpack_linear_dense(const void* x, int32_t dtype, int64_t M, int64_t K, const void* w, int32_t wtype,
+                             int64_t N, void* y) {
+  return aotpack::linear_dense(x, dtype, M, K, K, w, wtype, N, y);
+}
+
+// What AOTInductor calls for aotpack::dense_linear (runtime.quant.dense): no dispatcher, no boxing.
+AOTITorchError aoti_torch_cpu_dense_linear(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* ret0) {
+  aotpack::Operand xo, wo;
+  if (!aotpack::operand(x, &xo) || !aotpack::operand(w, &wo) || wo.kind < 0 || !wo.dense || xo.cols != wo.cols)
+    return AOTI_TORCH_FAILURE;
+  return aotpack::run_shim(x, xo, wo.rows, ret0, [&](void* out) {
+    return aotpack::linear_dense(xo.data, xo.kind, xo.rows, wo.cols, xo.ld, wo.data, wo.kind, wo.rows, out);
+  });
+}
+
+}  // extern "C"
