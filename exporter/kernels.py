@@ -5,8 +5,9 @@ Owns: compiling the C++ sources into one shared library with the compiler Induct
 target as the decode graphs (`-march=native`, or x86-64-v3 for a portable `--cpu-isa avx2` bundle), and
 naming it by a build id (a hash of the sources, flags and compiler), which is also its soname: the decode
 graphs record that name as a dependency, and the runtime loads the bundle's copy before them
-(runtime.quant.native). The instruction path follows from the target: VNNI's `dpbusd` where it has
-AVX512-VNNI or AVX-VNNI, else AVX2's `maddubs`, else plain C++.
+(runtime.quant.native). The instruction path follows from the target: 512-bit VNNI `dpbusd` where it has
+AVX512-VNNI, 256-bit where it has AVX-VNNI, else AVX2's `maddubs`, else plain C++; every path computes
+the same bits (exporter/csrc/lanes.h).
 
 Builds are kept in a cache by build id (`aotpack cache` lists and clears it), so exporting a second
 bundle does not compile them again.

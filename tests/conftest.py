@@ -78,6 +78,7 @@ def _builder_version() -> str:
     the runtime, less the HTTP server and the commands, which no export runs."""
     root = Path(__file__).resolve().parent.parent
     sources = sorted(p for d in ("exporter", "runtime") for p in (root / d).rglob("*.py"))
+    sources += sorted((root / "exporter" / "csrc").iterdir())  # the kernels bundles carry
     digest = hashlib.sha256(torch.__version__.encode())
     for path in sources:
         if path.relative_to(root).parts[1] not in ("serve", "cli"):

@@ -47,18 +47,28 @@ def assert_parity(rt, model, inputs: dict, new_tokens: int, logit_steps: int | N
     """Greedy tokens identical, and raw logits within LOGIT_ATOL on the first `logit_steps` steps (all by
     default); within INTEGER_RTOL of the largest logit for a bundle with the integer kernels.
 
-    Logits are compared where both sides have seen the same tokens, i.e. while tokens agree (all steps here)."""
+    Logits are compared where both sides have seen the same tokens, i.e. while tokens agree (all steps here).
+    A bundle with the integer kernels may take another token only where HF's logits of the two tokens are
+    closer than that tolerance (a near tie, which rounding an activation the other way can flip: see the
+    README's integer kernels); the steps after it are not compared, since the two sides' inputs differ."""
     ref_ids, ref_logits = hf_generate(model, inputs, new_tokens)
     ids, logits = aot_generate(rt, inputs, new_tokens)
     assert ids.shape == ref_ids.shape
-    mismatch = (ids != ref_ids).nonzero()
-    assert mismatch.numel() == 0, f"tokens differ first at (row, position) {mismatch[0].tolist()}"
-    steps = logit_steps or new_tokens
-    diff = (logits[:, :steps] - ref_logits[:, :steps].float()).abs().max().item()
     integer = rt.manifest is not None and rt.manifest.native is not None
     tolerance = INTEGER_RTOL * max(1.0, ref_logits.float().abs().max().item()) if integer else LOGIT_ATOL
+    steps = logit_steps or new_tokens
+    mismatch = (ids != ref_ids).nonzero()
+    if mismatch.numel() and integer:
+        row, position = mismatch[mismatch[:, 1].argmin()].tolist()  # the earliest step of any row
+        step = position - (ids.shape[1] - new_tokens)
+        ours, theirs = ref_logits[row, step, ids[row, position]], ref_logits[row, step, ref_ids[row, position]]
+        gap = (theirs - ours).item()
+        assert gap < tolerance, f"tokens differ first at (row, position) {[row, position]}, HF's by {gap:.3g}"
+        steps = min(steps, step + 1)
+    else:
+        assert mismatch.numel() == 0, f"tokens differ first at (row, position) {mismatch[0].tolist()}"
+    diff = (logits[:, :steps] - ref_logits[:, :steps].float()).abs().max().item()
     assert diff < tolerance, f"max |logit diff| {diff:.3g} over the first {steps} steps"
-    return diff
 
 
 def chat(rt_or_tok, conversations: list[list[dict]]) -> dict:

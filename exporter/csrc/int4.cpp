@@ -1,150 +1,88 @@
 // aotpack's int4 scheme with integer dot products: y (M, N) = x (M, K) @ W^T, W = q * scale + min per
 // group of columns (32, 64 or 128), q an unsigned nibble.
 //
-// Layout (runtime.quant.int4_dot): rows in tiles of four (quant_common.h, TILE). codes (N, K / 2) uint8,
-// a tile's rows block by block: a tile's block of 32 columns is 64 bytes, rows 0 and 1 in the low and high
-// nibbles of the first 32 (byte i holds column i of both), rows 2 and 3 in the next 32, so one load and a
-// mask or a shift give a row's 32 values in column order. scales and mins (N, K / group) bf16, a tile's
-// group by group, the four rows' values together. A lone row past the last whole tile is stored as it is:
-// 16 bytes a block (column i in the low nibble of byte i, column i + 16 in its high one, llama.cpp's Q4
-// order), its scales and mins in a row.
-// With the activations quantized per block of 32 (quant_common.h; block sums s):
-//   y[m, n] = sum_b d[m, b] * scale[n, g(b)] * (sum_i q_x[m, 32b + i] * q[n, 32b + i])
-//           + sum_g min[n, g] * U[m, g],    U[m, g] = sum_{b in g} d[m, b] * s[m, b].
-// The nibbles are the unsigned operand and x the signed one: no sign trick, and no int16 pair can overflow.
-#include "quant_common.h"
+// Layout (runtime.quant.int4_dot, runtime.quant.tiles): codes (N, K / 2) uint8. Each row's block of 32
+// columns is 16 bytes, byte 4p + j holding column 8p + j in its low nibble and column 8p + 4 + j in its
+// high one (p = 0..3, j = 0..3). Rows go in tiles of 16 (quant_common.h, TILE), one row to a vector lane:
+// within a tile, each block's bytes go 4 at a time, the 16 rows' 4 bytes one after another, so one 64-byte
+// load and a mask or a shift give two groups of 4 columns for all 16 rows. scales and mins (N, K / group)
+// bf16, a tile's group by group, its 16 rows' values together. Rows past the last whole tile are stored
+// as they are. With the activations quantized per block of 32 (quant_common.h: q, step d, sum s):
+//   y[m, n] = the fma chain over groups g of  S_g * scale[n, g]  and then  min[n, g] * U[m, g],
+//   S_g = the fma chain over blocks b of g of  dot_b * d[m, b],   dot_b = sum_i q[m, 32b + i] * q_w[n, 32b + i]
+//   (exact, in integers),   U[m, g] = sum_{b in g} d[m, b] * s[m, b].
+// The nibbles are the unsigned operand and x the signed one (no offset, and no int16 pair can overflow).
+#include "lanes.h"
 #include "shim_common.h"
 
 namespace aotpack {
 namespace {
 
-struct Weights4 {
+constexpr int64_t BLOCK_BYTES = BLOCK / 2;  // a row's block of 32 nibbles
+
+struct Int4 {
   const uint8_t* codes;
   const uint16_t* scales;
   const uint16_t* mins;
   int64_t K, G, per_group;  // G groups a row, per_group blocks a group
-};
+  const float* U;           // (M, G): each group's sum of d * s, the min term's activation side
 
-// Block b of rows n0 .. n0 + NR: a whole tile's 64 bytes, or a lone row's 16.
-template <int NR> inline const uint8_t* block_at(const Weights4& w, int64_t n0, int64_t b) {
-  return w.codes + n0 * (w.K / 2) + b * (NR * BLOCK / 2);
-}
-
-#if defined(AOTPACK_AVX2)
-// A block's 32 values of each of the NR rows, in column order: a tile's rows two to a 32-byte load (a mask
-// and a shift each), a lone row's 16 bytes split into its two halves.
-template <int NR> inline void nibbles(const uint8_t* p, __m256i* wv) {
-  const __m256i mask = _mm256_set1_epi8(0x0f);
-  if constexpr (NR == TILE) {
-    for (int pair = 0; pair < TILE / 2; pair++) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * pair));
-      wv[2 * pair] = _mm256_and_si256(v, mask);
-      wv[2 * pair + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-    }
-  } else {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), low = _mm_set1_epi8(0x0f);
-    wv[0] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
-  }
-}
-
-inline __m128 bf16x4(const uint16_t* p) {  // four bf16 -> fp32
-  const __m128i v = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  return _mm_castsi128_ps(_mm_slli_epi32(v, 16));
-}
-
-// One group of a tile: its scales and mins for the four rows in a vector each (the mins' term for all four
-// rows in one FMA), then its blocks. Groups outermost, so a block's group is a counter, not a division.
-inline void tile_group(const Activations& a, const Weights4& w, int64_t n0, int64_t m, int64_t g, const float* U,
-                       __m256* acc, __m128* mins) {
-  alignas(16) float s[TILE];
-  _mm_store_ps(s, bf16x4(w.scales + n0 * w.G + g * TILE));
-  *mins = _mm_fmadd_ps(bf16x4(w.mins + n0 * w.G + g * TILE), _mm_set1_ps(U[g]), *mins);
-  const int8_t* x = a.row(m);
-  const float* d = a.d.data() + m * a.nb;
-  for (int64_t b = g * w.per_group; b < (g + 1) * w.per_group; b++) {
-    const uint8_t* src = block_at<TILE>(w, n0, b);
-    _mm_prefetch(reinterpret_cast<const char*>(src) + TILE * w.K / 2, _MM_HINT_T0);
-    __m256i wv[TILE];
-    nibbles<TILE>(src, wv);
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * BLOCK));
-    const __m256 dv = _mm256_set1_ps(d[b]);
-    for (int n = 0; n < TILE; n++) {
-      const __m256i p = dot_u8s8(_mm256_setzero_si256(), wv[n], xv);
-      acc[n] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(p), dv), _mm256_broadcast_ss(s + n), acc[n]);
-    }
-  }
-}
-
-void tile(const Activations& a, const Weights4& w, const float* U, int64_t n0, int64_t m, float out[TILE]) {
-  __m256 acc[TILE];
-  for (int n = 0; n < TILE; n++) acc[n] = _mm256_setzero_ps();
-  __m128 mins = _mm_setzero_ps();
-  for (int64_t g = 0; g < w.G; g++) tile_group(a, w, n0, m, g, U, acc, &mins);
-  alignas(16) float m4[TILE];
-  _mm_store_ps(m4, mins);
-  for (int n = 0; n < TILE; n++) out[n] = hsum(acc[n]) + m4[n];
-}
-
-float lone(const Activations& a, const Weights4& w, const float* U, int64_t n0, int64_t m) {
-  const int8_t* x = a.row(m);
-  const float* d = a.d.data() + m * a.nb;
-  __m256 acc = _mm256_setzero_ps();
-  float mins = 0.0f;
-  for (int64_t g = 0; g < w.G; g++) {
-    const __m256 s = _mm256_set1_ps(bf16_to_f32(w.scales[n0 * w.G + g]));
-    mins = std::fma(bf16_to_f32(w.mins[n0 * w.G + g]), U[g], mins);
-    for (int64_t b = g * w.per_group; b < (g + 1) * w.per_group; b++) {
-      __m256i wv[1];
-      nibbles<1>(block_at<1>(w, n0, b), wv);
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * BLOCK));
-      const __m256i p = dot_u8s8(_mm256_setzero_si256(), wv[0], xv);
-      acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d[b])), s, acc);
-    }
-  }
-  return hsum(acc) + mins;
-}
-#else
-// Row n of rows n0 .. n0 + NR (NR = TILE: a tile), as plain C++.
-template <int NR> float row(const Activations& a, const Weights4& w, const float* U, int64_t n0, int n, int64_t m) {
-  const int8_t* x = a.row(m);
-  float acc = 0.0f, mins = 0.0f;
-  for (int64_t g = 0; g < w.G; g++) {
-    const int64_t at = NR == TILE ? n0 * w.G + g * TILE + n : n0 * w.G + g;  // this row's scale and min
-    mins = std::fma(bf16_to_f32(w.mins[at]), U[g], mins);
-    for (int64_t b = g * w.per_group; b < (g + 1) * w.per_group; b++) {
-      const uint8_t* q = block_at<NR>(w, n0, b);
-      int32_t sum = 0;
-      for (int i = 0; i < BLOCK; i++) {
-        const int value = NR == TILE ? (q[32 * (n / 2) + i] >> (4 * (n % 2))) & 15 : (q[i % 16] >> (4 * (i / 16))) & 15;
-        sum += int32_t(x[b * BLOCK + i]) * value;
+  // Block b of rows m .. m + R against the tile whose block starts at wb: each row's 16 exact sums.
+  // `ahead`: the next tile's same block, prefetched a line a step (int8.cpp says why), or null.
+  template <int R>
+  static void block_dots(const Activations& a, const uint8_t* wb, const uint8_t* ahead, int64_t m, int64_t b,
+                         IntLanes* dots) {
+    for (int r = 0; r < R; r++) dots[r] = int_lanes(0);
+    for (int p = 0; p < BLOCK_BYTES / GROUP; p++) {
+      if (ahead) __builtin_prefetch(ahead + p * TILE * GROUP);
+      ByteLanes low, high;
+      nibbles(wb + p * TILE * GROUP, &low, &high);
+      for (int r = 0; r < R; r++) {
+        dots[r] = dot(dots[r], low, x4(a, m + r, b, 2 * p));
+        dots[r] = dot(dots[r], high, x4(a, m + r, b, 2 * p + 1));
       }
-      acc += float(sum) * a.d[m * a.nb + b] * bf16_to_f32(w.scales[at]);
     }
   }
-  return acc + mins;
-}
 
-void tile(const Activations& a, const Weights4& w, const float* U, int64_t n0, int64_t m, float out[TILE]) {
-  for (int n = 0; n < TILE; n++) out[n] = row<TILE>(a, w, U, n0, n, m);
-}
-
-float lone(const Activations& a, const Weights4& w, const float* U, int64_t n0, int64_t m) {
-  return row<1>(a, w, U, n0, 0, m);
-}
-#endif
-
-struct Int4 {
-  Weights4 w;
-  const float* U;  // (M, G): each group's sum of d * s, the min term's activation side
-
-  template <int D, int NR> void rows(const Activations& a, int64_t n0, int64_t m, int64_t N, void* y) const {
-    if constexpr (NR == TILE) {
-      float out[TILE];
-      tile(a, w, U + m * w.G, n0, m, out);
-      for (int n = 0; n < TILE; n++) store_from_f32<D>(y, m * N + n0 + n, out[n]);
-    } else {
-      store_from_f32<D>(y, m * N + n0, lone(a, w, U + m * w.G, n0, m));
+  template <int R> void pass(const Activations& a, int64_t n0, int64_t m, bool fetch, FloatLanes* out) const {
+    const uint8_t* tile = codes + n0 * (K / 2);
+    FloatLanes acc[R];
+    for (int r = 0; r < R; r++) acc[r] = zero_lanes();
+    for (int64_t g = 0; g < G; g++) {
+      FloatLanes sums[R];
+      for (int r = 0; r < R; r++) sums[r] = zero_lanes();
+      for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+        const uint8_t* wb = tile + b * TILE * BLOCK_BYTES;
+        IntLanes dots[R];
+        block_dots<R>(a, wb, fetch ? wb + TILE * K / 2 : nullptr, m, b, dots);
+        for (int r = 0; r < R; r++) sums[r] = fma_int(dots[r], a.d[(m + r) * a.nb + b], sums[r]);
+      }
+      const FloatLanes scale = bf16_lanes(scales + n0 * G + g * TILE), least = bf16_lanes(mins + n0 * G + g * TILE);
+      for (int r = 0; r < R; r++) acc[r] = fma(least, U[(m + r) * G + g], fma(sums[r], scale, acc[r]));
     }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+  }
+
+  // A row past the last whole tile, in plain C++: the same integer sums and float steps as a lane's.
+  template <int D>
+  AOTPACK_NO_VECTORIZE void lone(const Activations& a, int64_t n, int64_t m, int64_t N, void* y) const {
+    const uint8_t* row = codes + n * (K / 2);
+    const int8_t* x = a.row(m);
+    float acc = 0.0f;
+    for (int64_t g = 0; g < G; g++) {
+      float sum = 0.0f;
+      for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+        int32_t dot = 0;
+        for (int i = 0; i < BLOCK; i++) {  // column i: byte 4 (i / 8) + i % 4, the high nibble when i % 8 >= 4
+          const uint8_t byte = row[b * BLOCK_BYTES + 4 * (i / 8) + i % 4];
+          dot += int32_t((i % 8 < 4 ? byte : byte >> 4) & 15) * x[b * BLOCK + i];
+        }
+        sum = std::fma(float(dot), a.d[m * a.nb + b], sum);
+      }
+      acc = std::fma(sum, bf16_to_f32(scales[n * G + g]), acc);
+      acc = std::fma(bf16_to_f32(mins[n * G + g]), U[m * G + g], acc);
+    }
+    store_from_f32<D>(y, m * N + n, acc);
   }
 };
 
@@ -156,12 +94,12 @@ int32_t linear_int4(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
   if (M == 0 || N == 0) return OK;
   Activations& a = scratch();
   if (!quantize(x, dtype, M, K, ldx, a)) return BAD_DTYPE;
-  const Weights4 w{codes, scales, mins, K, K / group, group / BLOCK};
+  const int64_t G = K / group, per_group = group / BLOCK;
   thread_local std::vector<float> U;  // (M, G)
-  U.assign(size_t(M * w.G), 0.0f);
+  U.assign(size_t(M * G), 0.0f);
   for (int64_t m = 0; m < M; m++)
-    for (int64_t b = 0; b < a.nb; b++) U[size_t(m * w.G + b / w.per_group)] += a.d[m * a.nb + b] * float(a.s[m * a.nb + b]);
-  return gemm(Int4{w, U.data()}, a, dtype, N, y);
+    for (int64_t b = 0; b < a.nb; b++) U[size_t(m * G + b / per_group)] += a.d[m * a.nb + b] * float(a.s[m * a.nb + b]);
+  return gemm(Int4{codes, scales, mins, K, G, per_group, U.data()}, a, dtype, N, y);
 }
 
 }  // namespace aotpack

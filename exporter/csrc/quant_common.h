@@ -1,13 +1,13 @@
 // aotpack's integer decode kernels: what the int8 and int4 schemes share.
 //
 // Owns: the activation format (each row of x cut into blocks of 32 columns, each block quantized to int8
-// with its own fp32 step, as llama.cpp's Q8_0), conversion to and from the activation dtypes, the one
-// instruction that multiplies 32 unsigned by 32 signed bytes and sums them in fours (VNNI's dpbusd where
-// the target has it, else AVX2's maddubs + madd), and the plumbing of the C shims AOTInductor calls.
+// with its own fp32 step, as llama.cpp's Q8_0), conversion to and from the activation dtypes, and the
+// plumbing of the C shims AOTInductor calls. lanes.h has the vectors a tile of 16 weight rows is computed
+// with on each instruction path, and the loop over a weight's tiles.
 //
 // Every output element is computed by the same sequence of floating-point operations whichever tile, thread
-// count or batch computed it, so the eager prefill (which calls these kernels through ctypes) and the
-// compiled decode (which calls them through the C shims) agree bit for bit on the same inputs.
+// count, batch or instruction path computed it, so the eager prefill (which calls these kernels through
+// ctypes) and the compiled decode (which calls them through the C shims) agree bit for bit on the same inputs.
 #pragma once
 
 #include <algorithm>
@@ -24,10 +24,8 @@
 namespace aotpack {
 
 constexpr int64_t BLOCK = 32;  // activation columns per int8 step
-constexpr int TILE = 4;        // weight rows stored interleaved block by block (one sequential stream)
-// Weights are prefetched one tile ahead, the same block of the next tile: rows of a few hundred bytes are too
-// short for the hardware prefetcher alone (tiled and prefetched, the int8 GEMV read 1.7x faster from memory
-// here), and with several activation rows the next tile arrives while the later rows compute on this one.
+constexpr int TILE = 16;  // weight rows a tile holds: one lane each of a 16-lane vector (runtime.quant.tiles)
+constexpr int GROUP = 4;  // columns a lane holds together in a tile's block: what one dpbusd lane sums
 constexpr int32_t ABI = 1;     // runtime.quant.native checks it: bump when any exported signature changes
 
 enum Dtype : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
@@ -92,20 +90,6 @@ bool quantize(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, A
 Activations& scratch();
 
 #if defined(AOTPACK_AVX2)
-// acc + the sums, in fours, of u[i] * s[i] (u unsigned, s signed bytes): 32 products, 8 int32 lanes.
-inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, u, s);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, u, s);
-#else
-  // maddubs sums pairs into int16 lanes: |u * s| <= 255 * 127 would overflow a pair, but every caller
-  // keeps |s| <= 127 and u <= 127 (|x| or a nibble), so a pair is at most 2 * 127 * 127 < 32768.
-  const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-  return _mm256_add_epi32(acc, p);
-#endif
-}
-
 inline float hsum(__m256 v) {  // one fixed order, so every caller rounds alike
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
@@ -116,35 +100,5 @@ inline float hsum(__m256 v) {  // one fixed order, so every caller rounds alike
 
 // Which instruction path this build compiled: the manifest records it, and the runtime checks the CPU.
 const char* isa();
-
-// y (M, N) = the scheme's rows over the quantized activations: tiles of TILE weight rows (stored
-// interleaved), then the rows past the last whole tile one at a time; each activation row in turn against
-// a tile, its blocks re-read from L1 (a second activation row in the same pass needs more than AVX2's 16
-// vector registers, and its spills made batch 8 cost 2.4x batch 1, against 1.0x this way), in chunks of 64
-// activation rows that stay in L2 while the weights stream past. Threads split the tiles. `S` (int8.cpp,
-// int4.cpp) provides rows<D, NR>(a, n0, m, N, y): y[m, n0 .. n0 + NR] for a tile (NR = TILE) or a lone row.
-template <int D, class S> void gemm_as(const S& s, const Activations& a, int64_t N, void* y) {
-  const int64_t M = a.M, tiles = N / TILE, lone = N % TILE, chunk = 64;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tiles + lone; t++) {
-    const bool whole = t < tiles;
-    const int64_t n0 = whole ? t * TILE : tiles * TILE + (t - tiles);
-    for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-      for (int64_t m = m0; m < std::min(M, m0 + chunk); m++) {
-        if (whole) s.template rows<D, TILE>(a, n0, m, N, y);
-        else s.template rows<D, 1>(a, n0, m, N, y);
-      }
-    }
-  }
-}
-
-template <class S> int32_t gemm(const S& s, const Activations& a, int32_t dtype, int64_t N, void* y) {
-  switch (dtype) {
-    case F32: gemm_as<F32>(s, a, N, y); return OK;
-    case BF16: gemm_as<BF16>(s, a, N, y); return OK;
-    case F16: gemm_as<F16>(s, a, N, y); return OK;
-    default: return BAD_DTYPE;
-  }
-}
 
 }  // namespace aotpack

@@ -99,7 +99,7 @@ class Quantization:
     method: str  # the bundle's method, "int8" or "int4"
     group_size: int | None  # int4 only
     kernels: str  # "integer" or "inductor" (runtime.format.quant): the family every quantized layer uses
-    layout: str  # how the family stores its weights (runtime.format.quant.LAYOUTS), e.g. "tiles4"
+    layout: str  # how the family stores its weights (runtime.format.quant.LAYOUTS), e.g. "lanes16"
     linears: tuple[str, ...]  # module paths of the quantized linear layers
     embedding: str | None  # module path of the quantized token embedding
     tied: str | None  # the linear (lm_head) that shares the embedding's packed tensors

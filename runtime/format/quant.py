@@ -5,10 +5,11 @@ and the spec a manifest's quantization entry must satisfy.
 
 Two families compute a quantized linear layer, and each stores its weights in the layout its kernels read:
 - `integer` (the default on CPUs): the activations are quantized too, per block of 32 columns to int8 with
-  one fp32 step each (llama.cpp's Q8_0), and multiplied with the weights in integers (AVX2 `maddubs`,
-  VNNI `dpbusd`) by aotpack's own C++ kernels, which the bundle carries (`kernels.so`). Rows are stored
-  in tiles of four, interleaved block by block (int8 bytes; int4 nibbles, two rows to a byte), the rows
-  past the last whole tile as they are (runtime.quant.tiles, int8_dot, int4_dot).
+  one fp32 step each (llama.cpp's Q8_0), and multiplied with the weights in integers (VNNI `dpbusd`,
+  AVX2 `maddubs`) by aotpack's own C++ kernels, which the bundle carries (`kernels.so`). Rows are stored
+  in tiles of 16, one row to each lane of a vector, groups of 4 columns of the 16 rows together (int8
+  bytes plus 128; int4 nibbles, two groups to a byte), the rows past the last whole tile as they are
+  (runtime.quant.tiles, int8_dot, int4_dot).
 - `inductor`: weight-only. Each weight is dequantized to fp32 and multiplied with fp32 activations by
   Inductor-generated reductions (and on CUDA). int8 words hold 4 bytes planar by quarters, int4 words 8
   sequential nibbles (runtime.quant.int8, runtime.quant.int4).
@@ -28,7 +29,7 @@ GROUP_SIZES = (32, 64, 128)
 WORD_FIELDS = {INT8: 4, INT4: 8}  # the inductor family: packed integers per 32-bit word
 # The layout each family's kernels read, recorded in the manifest: a layout this runtime does not read
 # is refused by name (a kernel that changes how it reads its weights changes its tag).
-LAYOUTS = {INTEGER: "tiles4", INDUCTOR: "words"}
+LAYOUTS = {INTEGER: "lanes16", INDUCTOR: "words"}
 
 
 @dataclass(frozen=True)

@@ -115,8 +115,9 @@ def _kernels(m: Manifest) -> str:
     timed = f" (timed here: {rates})" if rates else " (chosen, not timed)"
     timed += f"; {q.kernel_noise}: the known-good family kept" if q.kernel_noise else ""
     if n is None:
-        return f"{q.kernels}: Inductor's dequantizing reductions, fp32 activations{timed}"
-    return f"{q.kernels}: aotpack's {n.isa} kernels ({n.file}, {n.compiler}), int8 activations per block of 32{timed}"
+        return f"{q.kernels}: Inductor's dequantizing reductions, fp32 activations, layout {q.layout}{timed}"
+    what = f"aotpack's {n.isa} kernels ({n.file}, {n.compiler}), int8 activations per block of 32"
+    return f"{q.kernels}: {what}, layout {q.layout}{timed}"
 
 
 def _attention_lines(m: Manifest) -> list[str]:

@@ -5,13 +5,12 @@ quantized per block of 32.
 Owns the scheme's layout, its eager op (`aotpack::dot_linear_int4`, run through the bundle's kernels.so,
 runtime.quant.native) and the C shim that the compiled decode calls for the same op.
 
-Layout: rows in tiles of four (runtime.quant.tiles). `codes` (rows, cols / 2) uint8, a tile's rows
-written block by block: a tile's block of 32 columns is 64 bytes, rows 0 and 1 in the low and high nibbles
-of the first 32 (byte i holds column i of both), rows 2 and 3 in the next 32, so one load and a mask or a
-shift give a row's 32 values in column order. `scales` and `mins` (rows, groups) bf16, a tile's group by
-group, its four rows' values together (one load each per group in the kernel). A row past the last whole
-tile is stored as it is: 16 bytes a block, column i in the low nibble of byte i and column i + 16 in the
-high one (llama.cpp's Q4 order).
+Layout: `codes` (rows, cols / 2) uint8. A row's block of 32 columns is 16 bytes, byte 4p + j holding
+column 8p + j in its low nibble and column 8p + 4 + j in its high one, so that rows in tiles of 16
+(runtime.quant.tiles), each block's bytes 4 at a time with the 16 rows' 4 bytes one after another, give
+two groups of 4 columns of all 16 rows for one 64-byte load and a mask or a shift. `scales` and `mins`
+(rows, groups) bf16, a tile's group by group, its 16 rows' values together (one load each per group in
+the kernel). Rows past the last whole tile are stored as they are.
 """
 
 from __future__ import annotations
@@ -21,32 +20,28 @@ import torch
 from runtime.format.quant import INT4, INTEGER
 from runtime.quant import int4, native, tiles
 from runtime.quant.scheme import Scheme
-from runtime.quant.tiles import TILE
+
+
+def _byte_of(cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each column (cols,): the byte of a row's bytes holding it, and its nibble's shift."""
+    c = torch.arange(cols)
+    return (c // 32) * 16 + (c % 32) // 8 * 4 + c % 4, (c % 8) // 4 * 4
 
 
 def arrange(q: torch.Tensor) -> torch.Tensor:
     """integers (rows, cols) in 0..15 -> codes (rows, cols / 2)."""
     n, cols = q.shape
-    count, q = n // TILE, q.to(torch.uint8)
-    tiled = q[: count * TILE].view(count, TILE // 2, 2, cols // 32, 32)  # (tiles, pair, nibble, blocks, 32)
-    pairs = (tiled[:, :, 0] | (tiled[:, :, 1] << 4)).transpose(1, 2)  # (tiles, blocks, pair, 32)
-    lone = q[count * TILE :].view(-1, cols // 32, 2, 16)  # (rows, blocks, half, 16)
-    lone = lone[:, :, 0] | (lone[:, :, 1] << 4)
-    return torch.cat([pairs.reshape(count * TILE, cols // 2), lone.reshape(-1, cols // 2)]).contiguous()
+    q = q.to(torch.uint8).view(n, cols // 8, 2, 4)  # (rows, groups of 8 columns, nibble, 4)
+    pairs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, cols // 2)  # byte 4p + j of each block, in order
+    return tiles.interleave(pairs, 16, 4)
 
 
 def rows(codes: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The integers of weight rows `ids` (n,) as uint8 (n, cols), in column order."""
-    cols = 2 * codes.shape[1]
-    c, lane = torch.arange(cols), torch.arange(TILE)[:, None]
-    block, i = c // 32, c % 32
-    tiled = block * 64 + (lane // 2) * 32 + i  # (TILE, cols): the byte holding column c of lane l
-    lone = block * 16 + i % 16  # a lone row's: columns i and i + 16 share a byte
-    picked = tiles.gather(codes, ids, tiled, lone)  # (n, cols) bytes
-    ids = ids.reshape(-1)
-    shift_tiled = (4 * (ids % TILE % 2))[:, None]  # odd lanes in the high nibble
-    shift_lone = (4 * (i // 16))[None]  # columns 16..31 of a block in the high nibble
-    shift = torch.where((ids < tiles.split(codes.shape[0]))[:, None], shift_tiled, shift_lone)
+    width = codes.shape[1]
+    byte, shift = _byte_of(2 * width)
+    tiled = tiles.interleaved_positions(width, 16, 4)[:, byte]  # (TILE, cols)
+    picked = tiles.gather(codes, ids, tiled, byte)  # (n, cols) bytes
     return (picked >> shift.to(torch.uint8)) & 15
 
 

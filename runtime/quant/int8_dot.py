@@ -5,8 +5,10 @@ Owns the scheme's layout, its eager op (`aotpack::dot_linear_int8`, which the pr
 bundle's kernels.so, runtime.quant.native) and the C shim that the compiled decode calls for the same op:
 prefill and decode run one kernel, so they agree bit for bit.
 
-Layout: `codes` (rows, cols) int8, rows in tiles of four (runtime.quant.tiles): within a tile each block
-of 32 columns holds the four rows' bytes one after another, so the kernel streams a tile in one run.
+Layout: `codes` (rows, cols) uint8, each weight plus 128 (VNNI's dpbusd multiplies unsigned weight bytes
+by signed activation bytes), rows in tiles of 16 (runtime.quant.tiles): within a tile each block of 32
+columns holds groups of 4 columns, a group the 16 rows' 4 bytes one after another (one vector, one row a
+lane), so the kernel streams a tile in one run.
 """
 
 from __future__ import annotations
@@ -17,16 +19,19 @@ from runtime.format.quant import INT8, INTEGER
 from runtime.quant import int8, native, tiles
 from runtime.quant.scheme import Scheme
 
+OFFSET = 128  # stored = weight + OFFSET
+
 
 def arrange(q: torch.Tensor) -> torch.Tensor:
-    """integers (rows, cols) in -127..127 -> codes (rows, cols), tiled."""
-    return tiles.interleave(q.to(torch.int8), 32)
+    """integers (rows, cols) in -127..127 -> codes (rows, cols), offset and tiled."""
+    return tiles.interleave((q.to(torch.int16) + OFFSET).to(torch.uint8), 32, 4)
 
 
 def rows(codes: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The integers of weight rows `ids` (n,) as int8 (n, cols), in column order."""
     cols = codes.shape[1]
-    return tiles.gather(codes, ids, tiles.interleaved_positions(cols, 32), torch.arange(cols))
+    stored = tiles.gather(codes, ids, tiles.interleaved_positions(cols, 32, 4), torch.arange(cols))
+    return (stored.to(torch.int16) - OFFSET).to(torch.int8)
 
 
 def dequantize(spec, codes: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -49,7 +54,7 @@ SCHEME = Scheme(
     method=INT8,
     kernels=INTEGER,
     tensors=("codes", "scales"),
-    dtypes=(torch.int8, torch.float32),
+    dtypes=(torch.uint8, torch.float32),
     fields=1,
     grid=int8.grid,
     arrange=arrange,

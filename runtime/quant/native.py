@@ -7,8 +7,8 @@ same functions through their C shims (`aoti_torch_cpu_dot_linear_int8`, `..._int
 library's soname, so it is loaded here before any graph.
 
 The library is compiled by the exporter (exporter.kernels) from exporter/csrc; the runtime never
-compiles anything. Every library loaded in a process serves the eager op: all compute the same integer
-dot products and differ at most in the order of their float sums (wider vectors on other CPUs).
+compiles anything. Every library loaded in a process serves the eager op: their integer kernels compute
+the same bits whichever instruction path each was compiled for (exporter/csrc/lanes.h).
 """
 
 from __future__ import annotations
@@ -103,8 +103,9 @@ def _checked(status: int, what: str) -> None:
 
 
 def linear_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lib: Library | None = None):
-    """x (..., K) @ (codes (N, K) int8 * scales (N,)).T, activations quantized per block of 32; through
-    `lib` (default: the process's first loaded library)."""
+    """x (..., K) @ (weights (N, K) * scales (N,)).T, the weights as int8_dot stores them (uint8, plus 128,
+    tiled), activations quantized per block of 32; through `lib` (default: the process's first loaded
+    library)."""
     x2, code, m, k = _operands(x, (codes, scales))
     y = torch.empty(m, codes.shape[0], dtype=x.dtype)
     status = (lib or library()).aotpack_linear_int8(

@@ -1,19 +1,20 @@
-"""The integer family's row tiles: weight rows stored four at a time, interleaved block by block.
+"""The integer family's row tiles: weight rows stored 16 at a time, one to each lane of a vector.
 
-Owns the tile arithmetic both integer schemes share (exporter/csrc/quant_common.h, TILE): a tile's four
-rows are written block by block (each scheme says how a block holds its rows: int8 puts the four rows'
-bytes one after another, int4 pairs rows in the two nibbles of each byte), so the kernel reads a tile as
-one sequential run; the rows past the last whole tile are stored as they are. A row of a few hundred
-bytes alone is too short for the CPU's prefetcher to follow: tiled, the int8 GEMV read 1.7x faster from
-memory here. Reading rows back (the embedding lookup, dequantization) is a gather through a position table,
-with no branch on the ids, so it traces into the decode graph.
+Owns the tile arithmetic both integer schemes share (exporter/csrc/quant_common.h, TILE, GROUP): a tile's
+16 rows are written block by block, and within a block a few columns at a time (a group), the 16 rows'
+elements of a group one after another, so one vector load gives every row's group and the kernel reads a
+tile as one sequential run (a row of a few hundred bytes alone is too short for the CPU's prefetcher to
+follow: tiled, the int8 GEMV read 1.7x faster from memory). A tile's last width % block elements follow
+row by row; the rows past the last whole tile are stored as they are. Reading rows back (the embedding
+lookup, dequantization) is a gather through a position table, with no branch on the ids, so it traces
+into the decode graph.
 """
 
 from __future__ import annotations
 
 import torch
 
-TILE = 4
+TILE = 16  # exporter/csrc/quant_common.h: rows a tile holds, one to a vector lane
 
 
 def split(n: int) -> int:
@@ -37,28 +38,32 @@ def gather(stored: torch.Tensor, ids: torch.Tensor, tiled: torch.Tensor, lone: t
     return picked
 
 
-def interleave(rows: torch.Tensor, block: int) -> torch.Tensor:
-    """(n, width) elements in row order -> the same shape, tiled with each block's TILE rows one after another
-    (a row's last width % block elements form a short block at the tile's end): int8's layout."""
+def interleave(rows: torch.Tensor, block: int, group: int | None = None) -> torch.Tensor:
+    """(n, width) elements in row order -> the same shape, tiled: each block of a tile holds its TILE rows'
+    elements `group` at a time (default: the whole block), the rows' groups one after another; a row's
+    last width % block elements form a short block at the tile's end, row by row."""
     n, width = rows.shape
+    group = group or block
     count, full = split(n) // TILE, width // block * block
     head = rows[: count * TILE].view(count, TILE, width)
-    blocks = head[..., :full].reshape(count, TILE, full // block, block).transpose(1, 2)  # (tiles, blocks, TILE, block)
+    grouped = head[..., :full].reshape(count, TILE, full // block, block // group, group)
+    blocks = grouped.permute(0, 2, 3, 1, 4)  # (tiles, blocks, groups, TILE, group)
     tails = head[..., full:]  # (tiles, TILE, width % block)
     tiled = torch.cat([blocks.reshape(count, TILE * full), tails.reshape(count, TILE * (width - full))], 1)
     return torch.cat([tiled.reshape(count * TILE, width), rows[count * TILE :]]).contiguous()
 
 
-def interleaved_positions(width: int, block: int) -> torch.Tensor:
+def interleaved_positions(width: int, block: int, group: int | None = None) -> torch.Tensor:
     """(TILE, width): where column c of lane l sits in a tile laid out by `interleave`."""
+    group = group or block
     full, tail = width // block * block, width % block
     c, lane = torch.arange(width), torch.arange(TILE)[:, None]
-    inside = (c // block) * block * TILE + lane * block + c % block
+    inside = (c // block) * block * TILE + (c % block) // group * group * TILE + lane * group + c % group
     return torch.where(c < full, inside, TILE * full + lane * tail + (c - full))
 
 
 def tile_rows(values: torch.Tensor) -> torch.Tensor:
-    """(n, width) per-row values (int4's scales, mins) -> tiled column by column: a tile's four rows'
+    """(n, width) per-row values (int4's scales, mins) -> tiled column by column: a tile's 16 rows'
     values of each column together."""
     return interleave(values, 1)
 

@@ -13,8 +13,9 @@ from runtime.cpu import KERNEL_ISA_FLAGS, cpu_flags
 from runtime.quant import INT4, INTEGER, QuantSpec, int4_dot, int8_dot, native, scheme, tiles
 
 PATHS = ("scalar", "avx2", "avx-vnni", "avx512-vnni")
-SHAPES = [(1, 640, 7), (3, 33, 1), (5, 100, 9), (8, 96, 64), (70, 64, 13), (2, 31, 4)]  # (M, K, N)
-GROUPED = [(1, 640, 7, 32), (5, 128, 9, 64), (70, 256, 6, 128), (2, 64, 1, 32)]  # (M, K, N, group)
+# (M, K, N): N = 1, N within one 16-row tile, whole tiles and tiles with lone rows; K with a short last block
+SHAPES = [(1, 640, 7), (3, 33, 1), (5, 100, 19), (8, 96, 64), (70, 64, 45), (2, 31, 4), (9, 640, 48), (4, 47, 33)]
+GROUPED = [(1, 640, 7, 32), (5, 128, 25, 64), (70, 256, 38, 128), (2, 64, 1, 32), (8, 640, 32, 32)]  # + group
 
 
 @pytest.fixture(scope="module", params=PATHS)
@@ -104,9 +105,9 @@ def test_a_row_computes_the_same_bits_in_any_batch(lib):
     """Prefill (many rows) and decode (one) run one kernel: a row's output cannot depend on its batch."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn(67, 96, generator=g)
-    codes, scales = int8_dot.arrange(torch.randint(-127, 128, (10, 96), generator=g).to(torch.int8)), torch.rand(10)
-    q4 = int4_dot.arrange(torch.randint(0, 16, (10, 96), generator=g))
-    s4, m4 = tiles.tile_rows(torch.rand(10, 3).bfloat16()), tiles.tile_rows(torch.randn(10, 3).bfloat16())
+    codes, scales = int8_dot.arrange(torch.randint(-127, 128, (35, 96), generator=g).to(torch.int8)), torch.rand(35)
+    q4 = int4_dot.arrange(torch.randint(0, 16, (35, 96), generator=g))
+    s4, m4 = tiles.tile_rows(torch.rand(35, 3).bfloat16()), tiles.tile_rows(torch.randn(35, 3).bfloat16())
     batch8, batch4 = native.linear_int8(x, codes, scales, lib), native.linear_int4(x, q4, s4, m4, 32, lib)
     for i in (0, 33, 66):
         assert torch.equal(native.linear_int8(x[i : i + 1], codes, scales, lib), batch8[i : i + 1])
@@ -117,12 +118,14 @@ def test_nan_or_inf_in_a_row_poisons_that_row_only(lib):
     g = torch.Generator().manual_seed(6)
     x = torch.randn(3, 64, generator=g)
     x[0, 5], x[1, 40] = float("nan"), float("inf")
-    codes, scales = int8_dot.arrange(torch.randint(-127, 128, (5, 64), generator=g).to(torch.int8)), torch.rand(5)
+    codes, scales = int8_dot.arrange(torch.randint(-127, 128, (21, 64), generator=g).to(torch.int8)), torch.rand(21)
     y = native.linear_int8(x, codes, scales, lib)
     assert y[:2].isnan().all() and y[2].isfinite().all()
 
 
-@pytest.mark.parametrize(("n", "k"), [(9, 64), (8, 33), (3, 32), (13, 100), (1, 5), (4, 96)])
+@pytest.mark.parametrize(
+    ("n", "k"), [(9, 64), (8, 33), (3, 32), (13, 100), (1, 5), (4, 96), (16, 64), (37, 100), (48, 33)]
+)
 def test_tiled_layouts_read_back_every_row(n, k):
     """Rows come back from the tiled layouts (whole tiles and lone rows), as the embedding lookup reads them."""
     g = torch.Generator().manual_seed(n * k)
@@ -134,11 +137,31 @@ def test_tiled_layouts_read_back_every_row(n, k):
         assert torch.equal(int4_dot.rows(int4_dot.arrange(q4), ids).long(), q4[ids])
 
 
-def test_int4_tile_layout_pairs_rows_in_the_nibbles_of_one_byte():
-    q = torch.arange(4 * 32).view(4, 32) % 16  # rows 0..3 of one block
-    codes = int4_dot.arrange(q)
-    assert codes.view(-1)[:32].tolist() == (q[0] | (q[1] << 4)).tolist()
-    assert codes.view(-1)[32:64].tolist() == (q[2] | (q[3] << 4)).tolist()
+def test_a_tile_holds_its_16_rows_in_the_lanes_of_each_group_of_4_columns():
+    """int8: a tile's first 64 bytes are columns 0..3 of rows 0..15 (plus 128), the next 64 columns 4..7;
+    int4: each 64 bytes hold two groups of 4 columns of the 16 rows, in the low and high nibbles."""
+    q = torch.arange(16 * 32).view(16, 32)
+    codes = int8_dot.arrange((q % 255 - 127).to(torch.int8)).view(-1)
+    assert codes[:64].view(16, 4).tolist() == (q[:, :4] % 255 + 1).tolist()
+    assert codes[64:128].view(16, 4).tolist() == (q[:, 4:8] % 255 + 1).tolist()
+    nibbles = int4_dot.arrange(q % 16).view(-1)
+    assert nibbles[:64].view(16, 4).tolist() == ((q[:, :4] % 16) | ((q[:, 4:8] % 16) << 4)).tolist()
+    assert nibbles[64:128].view(16, 4).tolist() == ((q[:, 8:12] % 16) | ((q[:, 12:16] % 16) << 4)).tolist()
+
+
+def test_every_instruction_path_computes_the_same_bits(lib):
+    """A block's integer sums are exact and each lane rounds the same float steps on every path: a bundle's
+    numbers do not depend on which path its kernels.so was compiled for."""
+    reference = kernels.build(isa_override="scalar", log=lambda _: None, serve=False).library
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(11, 160, generator=g)
+    codes = int8_dot.arrange(torch.randint(-127, 128, (37, 160), generator=g).to(torch.int8))
+    scales = torch.rand(37)
+    q4 = int4_dot.arrange(torch.randint(0, 16, (37, 160), generator=g))
+    s4, m4 = tiles.tile_rows(torch.rand(37, 5).bfloat16()), tiles.tile_rows(torch.randn(37, 5).bfloat16())
+    assert torch.equal(native.linear_int8(x, codes, scales, lib), native.linear_int8(x, codes, scales, reference))
+    expected = native.linear_int4(x, q4, s4, m4, 32, reference)
+    assert torch.equal(native.linear_int4(x, q4, s4, m4, 32, lib), expected)
 
 
 def test_an_integer_quantized_weight_dequantizes_to_its_grid():

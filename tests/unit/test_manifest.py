@@ -49,7 +49,7 @@ quantizations = st.none() | st.builds(
         method,
         32 if method == "int4" else None,
         kernels,
-        {"integer": "tiles4", "inductor": "words"}[kernels],
+        {"integer": "lanes16", "inductor": "words"}[kernels],
         tuple(linears),
         embedding,
         linears[-1] if embedding else None,
@@ -439,7 +439,7 @@ def test_integer_kernels_and_their_library_go_together(manifest):
         raw["files"].pop("kernels.so")
         message = "not a listed kernels.so"
     elif raw["quantization"] is not None:
-        raw["quantization"] |= {"kernels": "integer", "layout": "tiles4"}
+        raw["quantization"] |= {"kernels": "integer", "layout": "lanes16"}
         message = "integer kernels and `dense` lowerings need `native`"
     else:
         return
@@ -479,9 +479,11 @@ def test_int8_paths_belong_to_a_mixed_int4_bundle(manifest):
 @given(manifests())
 @settings(max_examples=20)
 def test_a_layout_the_kernels_do_not_read_is_refused(manifest):
+    """Among them the integer family's earlier layout (tiles of four rows), which bundles exported before
+    the 16-lane kernels carry."""
     raw = json.loads(manifest.to_json())
     if raw["quantization"] is None:
         return
-    raw["quantization"]["layout"] = "tiles8"
-    with pytest.raises(ManifestError, match="layout 'tiles8' is not the .* re-export"):
+    raw["quantization"]["layout"] = "tiles4"
+    with pytest.raises(ManifestError, match="layout 'tiles4' is not the .* re-export"):
         Manifest.from_json(_with_digest(raw))

@@ -1,0 +1,251 @@
+// aotpack's integer kernels: a tile's 16 weight rows as the 16 lanes of a vector, on each instruction path.
+//
+// Owns the loop over a weight's tiles (gemm), and the vectors the int8 and int4 kernels compute a tile
+// with, with the few operations they need:
+//   IntLanes: 16 int32 lanes, each one row's exact integer dot product with one activation block;
+//   FloatLanes: 16 float lanes, each one row's sum so far;
+//   ByteLanes: one group of 4 columns of the tile's 16 rows (64 bytes: a lane's 4 bytes together).
+// Paths: AVX-512 with VNNI (one zmm, `dpbusd`, MR = 4 activation rows a pass), AVX2 with AVX-VNNI (two ymm
+// halves, `dpbusd`, MR = 2), AVX2 (two ymm halves, `maddubs` + `madd`, MR = 2), plain C++ (MR = 1). A
+// block's integer sums are exact on every path, and each lane then rounds the same IEEE operations
+// (convert, fma, multiply) in the same order, so a bundle's numbers do not depend on the path its
+// kernels.so was compiled for, and a lone row's scalar code computes what a tile's lane does.
+#pragma once
+
+#include "quant_common.h"
+
+namespace aotpack {
+
+// For the plain C++ that must compute exact integer sums (lone rows, short blocks): GCC 12 vectorizes such
+// a loop into VNNI's dpbusd for a VNNI target and gets the sum wrong (seen on int8's offset bytes).
+#if defined(__GNUC__) && !defined(__clang__)
+#define AOTPACK_NO_VECTORIZE __attribute__((optimize("no-tree-vectorize")))
+#else
+#define AOTPACK_NO_VECTORIZE
+#endif
+
+// An activation row's 4 signed bytes of group g of block b: what every lane multiplies its 4 bytes with.
+inline int32_t x4(const Activations& a, int64_t m, int64_t b, int64_t g) {
+  int32_t v;
+  std::memcpy(&v, a.row(m) + b * BLOCK + g * GROUP, 4);
+  return v;
+}
+
+#if defined(AOTPACK_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define AOTPACK_LANES "avx512"
+constexpr int MR = 4;
+struct IntLanes { __m512i v; };
+struct FloatLanes { __m512 v; };
+struct ByteLanes { __m512i v; };
+inline IntLanes int_lanes(int32_t c) { return {_mm512_set1_epi32(c)}; }
+inline IntLanes int_lanes_load(const int32_t* p) { return {_mm512_loadu_si512(p)}; }
+inline FloatLanes zero_lanes() { return {_mm512_setzero_ps()}; }
+inline FloatLanes float_lanes_load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline FloatLanes bf16_lanes(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+}
+inline void store_floats(FloatLanes v, float* p) { _mm512_storeu_ps(p, v.v); }
+inline FloatLanes fma_int(IntLanes i, float d, FloatLanes acc) {
+  return {_mm512_fmadd_ps(_mm512_cvtepi32_ps(i.v), _mm512_set1_ps(d), acc.v)};
+}
+inline FloatLanes fma(FloatLanes a, FloatLanes b, FloatLanes acc) { return {_mm512_fmadd_ps(a.v, b.v, acc.v)}; }
+inline FloatLanes fma(FloatLanes a, float b, FloatLanes acc) {
+  return {_mm512_fmadd_ps(a.v, _mm512_set1_ps(b), acc.v)};
+}
+inline FloatLanes mul(FloatLanes a, FloatLanes b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline ByteLanes byte_lanes(const uint8_t* p) { return {_mm512_loadu_si512(p)}; }
+inline void nibbles(const uint8_t* p, ByteLanes* low, ByteLanes* high) {
+  const __m512i v = _mm512_loadu_si512(p), mask = _mm512_set1_epi8(0x0f);
+  low->v = _mm512_and_si512(v, mask);
+  high->v = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+}
+// acc + each lane's 4 unsigned weight bytes times x's 4 signed bytes
+inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
+  return {_mm512_dpbusd_epi32(acc.v, w.v, _mm512_set1_epi32(x))};
+}
+// int8's weights are stored plus 128 (unsigned, dpbusd's operand): a block's dot starts at -128 * sum(x)
+inline ByteLanes offset_weights(ByteLanes w) { return w; }
+inline IntLanes offset_start(int32_t block_sum) { return int_lanes(-128 * block_sum); }
+inline IntLanes dot_offset(IntLanes acc, ByteLanes w, int32_t x) { return dot(acc, w, x); }
+
+#elif defined(AOTPACK_AVX2)
+#define AOTPACK_LANES "avx2"
+constexpr int MR = 2;
+struct IntLanes { __m256i lo, hi; };
+struct FloatLanes { __m256 lo, hi; };
+struct ByteLanes { __m256i lo, hi; };
+inline IntLanes int_lanes(int32_t c) { return {_mm256_set1_epi32(c), _mm256_set1_epi32(c)}; }
+inline IntLanes int_lanes_load(const int32_t* p) {
+  const __m256i* v = reinterpret_cast<const __m256i*>(p);
+  return {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
+}
+inline FloatLanes zero_lanes() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline FloatLanes float_lanes_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline __m256 bf16x8(const uint16_t* p) {
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+inline FloatLanes bf16_lanes(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+inline void store_floats(FloatLanes v, float* p) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
+inline FloatLanes fma_int(IntLanes i, float d, FloatLanes acc) {
+  const __m256 dv = _mm256_set1_ps(d);
+  return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(i.lo), dv, acc.lo), _mm256_fmadd_ps(_mm256_cvtepi32_ps(i.hi), dv, acc.hi)};
+}
+inline FloatLanes fma(FloatLanes a, FloatLanes b, FloatLanes acc) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, acc.lo), _mm256_fmadd_ps(a.hi, b.hi, acc.hi)};
+}
+inline FloatLanes fma(FloatLanes a, float b, FloatLanes acc) {
+  const __m256 bv = _mm256_set1_ps(b);
+  return {_mm256_fmadd_ps(a.lo, bv, acc.lo), _mm256_fmadd_ps(a.hi, bv, acc.hi)};
+}
+inline FloatLanes mul(FloatLanes a, FloatLanes b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline ByteLanes byte_lanes(const uint8_t* p) {
+  const __m256i* v = reinterpret_cast<const __m256i*>(p);
+  return {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
+}
+inline void nibbles(const uint8_t* p, ByteLanes* low, ByteLanes* high) {
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  const ByteLanes v = byte_lanes(p);
+  *low = {_mm256_and_si256(v.lo, mask), _mm256_and_si256(v.hi, mask)};
+  *high = {_mm256_and_si256(_mm256_srli_epi16(v.lo, 4), mask), _mm256_and_si256(_mm256_srli_epi16(v.hi, 4), mask)};
+}
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
+  const __m256i xv = _mm256_set1_epi32(x);
+  return {dpbusd(acc.lo, w.lo, xv), dpbusd(acc.hi, w.hi, xv)};
+}
+inline ByteLanes offset_weights(ByteLanes w) { return w; }
+inline IntLanes offset_start(int32_t block_sum) { return int_lanes(-128 * block_sum); }
+inline IntLanes dot_offset(IntLanes acc, ByteLanes w, int32_t x) { return dot(acc, w, x); }
+#else
+// maddubs sums pairs of unsigned * signed bytes into int16: at most 2 * 15 * 127 for int4's nibbles, so
+// no pair saturates.
+inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
+  const __m256i xv = _mm256_set1_epi32(x), one = _mm256_set1_epi16(1);
+  return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(w.lo, xv), one)),
+          _mm256_add_epi32(acc.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(w.hi, xv), one))};
+}
+// int8's weights plus 128 would saturate maddubs' pairs (255 * 127 * 2): flipped back to signed once per
+// load (shared by the MR rows), they take x's signs and multiply |x|, as llama.cpp's Q8_0 dot does
+// (|w|, |x| <= 127: a pair is at most 2 * 127 * 127).
+inline ByteLanes offset_weights(ByteLanes w) {
+  const __m256i flip = _mm256_set1_epi8(char(0x80));
+  return {_mm256_xor_si256(w.lo, flip), _mm256_xor_si256(w.hi, flip)};
+}
+inline IntLanes offset_start(int32_t) { return int_lanes(0); }
+inline IntLanes dot_offset(IntLanes acc, ByteLanes w, int32_t x) {
+  const __m256i xv = _mm256_set1_epi32(x), ax = _mm256_sign_epi8(xv, xv), one = _mm256_set1_epi16(1);
+  const __m256i lo = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w.lo, xv));
+  const __m256i hi = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w.hi, xv));
+  return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(lo, one)), _mm256_add_epi32(acc.hi, _mm256_madd_epi16(hi, one))};
+}
+#endif
+
+#else
+#define AOTPACK_LANES "scalar"
+constexpr int MR = 1;
+struct IntLanes { int32_t v[TILE]; };
+struct FloatLanes { float v[TILE]; };
+struct ByteLanes { uint8_t v[TILE * GROUP]; };
+inline IntLanes int_lanes(int32_t c) { IntLanes r; for (int32_t& e : r.v) e = c; return r; }
+inline IntLanes int_lanes_load(const int32_t* p) { IntLanes r; std::memcpy(r.v, p, sizeof r.v); return r; }
+inline FloatLanes zero_lanes() { FloatLanes r = {}; return r; }
+inline FloatLanes float_lanes_load(const float* p) { FloatLanes r; std::memcpy(r.v, p, sizeof r.v); return r; }
+inline FloatLanes bf16_lanes(const uint16_t* p) {
+  FloatLanes r;
+  for (int l = 0; l < TILE; l++) r.v[l] = bf16_to_f32(p[l]);
+  return r;
+}
+inline void store_floats(FloatLanes v, float* p) { std::memcpy(p, v.v, sizeof v.v); }
+inline FloatLanes fma_int(IntLanes i, float d, FloatLanes acc) {
+  for (int l = 0; l < TILE; l++) acc.v[l] = std::fma(float(i.v[l]), d, acc.v[l]);
+  return acc;
+}
+inline FloatLanes fma(FloatLanes a, FloatLanes b, FloatLanes acc) {
+  for (int l = 0; l < TILE; l++) acc.v[l] = std::fma(a.v[l], b.v[l], acc.v[l]);
+  return acc;
+}
+inline FloatLanes fma(FloatLanes a, float b, FloatLanes acc) {
+  for (int l = 0; l < TILE; l++) acc.v[l] = std::fma(a.v[l], b, acc.v[l]);
+  return acc;
+}
+inline FloatLanes mul(FloatLanes a, FloatLanes b) { for (int l = 0; l < TILE; l++) a.v[l] *= b.v[l]; return a; }
+inline ByteLanes byte_lanes(const uint8_t* p) { ByteLanes r; std::memcpy(r.v, p, sizeof r.v); return r; }
+inline void nibbles(const uint8_t* p, ByteLanes* low, ByteLanes* high) {
+  for (int i = 0; i < TILE * GROUP; i++) low->v[i] = p[i] & 15, high->v[i] = p[i] >> 4;
+}
+inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
+  int8_t xb[GROUP];
+  std::memcpy(xb, &x, GROUP);
+  for (int l = 0; l < TILE; l++)
+    for (int j = 0; j < GROUP; j++) acc.v[l] += int32_t(w.v[l * GROUP + j]) * xb[j];
+  return acc;
+}
+inline ByteLanes offset_weights(ByteLanes w) { return w; }
+inline IntLanes offset_start(int32_t block_sum) { return int_lanes(-128 * block_sum); }
+inline IntLanes dot_offset(IntLanes acc, ByteLanes w, int32_t x) { return dot(acc, w, x); }
+#endif
+
+// A tile's 16 lanes of activation row m into y[m, n0 .. n0 + TILE], in y's dtype.
+template <int D> inline void store_lanes(FloatLanes v, void* y, int64_t at) {
+  alignas(64) float out[TILE];
+  store_floats(v, out);
+  for (int l = 0; l < TILE; l++) store_from_f32<D>(y, at + l, out[l]);
+}
+
+// y[m0 .. m1, n0 .. n0 + TILE] for a scheme whose pass<R>(a, n0, m, fetch, out) computes R activation rows'
+// lanes against the tile at n0: MR rows a pass, then the rest one at a time. `first`: the tile's first
+// chunk of rows, whose first pass prefetches the next tile.
+template <int D, class S>
+void tile_rows(const S& s, const Activations& a, int64_t n0, int64_t m0, int64_t m1, int64_t N, void* y, bool first) {
+  FloatLanes out[MR];
+  int64_t m = m0;
+  for (; m + MR <= m1; m += MR) {
+    s.template pass<MR>(a, n0, m, first && m == m0, out);
+    for (int r = 0; r < MR; r++) store_lanes<D>(out[r], y, (m + r) * N + n0);
+  }
+  for (; m < m1; m++) {
+    s.template pass<1>(a, n0, m, first && m == m0, out);
+    store_lanes<D>(out[0], y, m * N + n0);
+  }
+}
+
+// y (M, N) = the scheme's rows over the quantized activations. Threads split the tiles of 16 weight rows
+// (then the rows past the last whole tile, one at a time); each tile meets the activation rows in chunks of
+// 64, which stay in L2 while the weights stream past, and a chunk's rows a few at a time (the scheme's
+// MR), which share each weight vector loaded. `S` (int8.cpp, int4.cpp) provides pass<R>(a, n0, m, fetch,
+// out): R activation rows' lanes against the tile at row n0 (`fetch`: prefetch the next tile), and
+// lone<D>(a, n, m, N, y): y[m, n] for a row past the last whole tile.
+template <int D, class S> void gemm_as(const S& s, const Activations& a, int64_t N, void* y) {
+  const int64_t M = a.M, tiles = N / TILE, lone = N % TILE, chunk = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tiles + lone; t++) {
+    for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+      const int64_t m1 = std::min(M, m0 + chunk);
+      if (t < tiles) {
+        tile_rows<D>(s, a, t * TILE, m0, m1, N, y, m0 == 0);
+      } else {
+        for (int64_t m = m0; m < m1; m++) s.template lone<D>(a, tiles * TILE + (t - tiles), m, N, y);
+      }
+    }
+  }
+}
+
+template <class S> int32_t gemm(const S& s, const Activations& a, int32_t dtype, int64_t N, void* y) {
+  switch (dtype) {
+    case F32: gemm_as<F32>(s, a, N, y); return OK;
+    case BF16: gemm_as<BF16>(s, a, N, y); return OK;
+    case F16: gemm_as<F16>(s, a, N, y); return OK;
+    default: return BAD_DTYPE;
+  }
+}
+
+}  // namespace aotpack
