@@ -24,6 +24,10 @@ namespace aotpack {
 #define AOTPACK_NO_VECTORIZE
 #endif
 
+// -128 * s, wrapping as the vector sums do: a block holding a NaN has a meaningless sum s (and a NaN step,
+// which makes its row NaN), and signed overflow would be undefined behaviour.
+inline int32_t minus_128_times(int32_t s) { return int32_t(0u - 128u * uint32_t(s)); }
+
 // An activation row's 4 signed bytes of group g of block b: what every lane multiplies its 4 bytes with.
 inline int32_t x4(const Activations& a, int64_t m, int64_t b, int64_t g) {
   int32_t v;
@@ -66,7 +70,7 @@ inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
 }
 // int8's weights are stored plus 128 (unsigned, dpbusd's operand): a block's dot starts at -128 * sum(x)
 inline ByteLanes offset_weights(ByteLanes w) { return w; }
-inline IntLanes offset_start(int32_t block_sum) { return int_lanes(-128 * block_sum); }
+inline IntLanes offset_start(int32_t block_sum) { return int_lanes(minus_128_times(block_sum)); }
 inline IntLanes dot_offset(IntLanes acc, ByteLanes w, int32_t x) { return dot(acc, w, x); }
 
 #elif defined(AOTPACK_AVX2)
@@ -123,7 +127,7 @@ inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
   return {dpbusd(acc.lo, w.lo, xv), dpbusd(acc.hi, w.hi, xv)};
 }
 inline ByteLanes offset_weights(ByteLanes w) { return w; }
-inline IntLanes offset_start(int32_t block_sum) { return int_lanes(-128 * block_sum); }
+inline IntLanes offset_start(int32_t block_sum) { return int_lanes(minus_128_times(block_sum)); }
 inline IntLanes dot_offset(IntLanes acc, ByteLanes w, int32_t x) { return dot(acc, w, x); }
 #else
 // maddubs sums pairs of unsigned * signed bytes into int16: at most 2 * 15 * 127 for int4's nibbles, so
@@ -190,7 +194,7 @@ inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
   return acc;
 }
 inline ByteLanes offset_weights(ByteLanes w) { return w; }
-inline IntLanes offset_start(int32_t block_sum) { return int_lanes(-128 * block_sum); }
+inline IntLanes offset_start(int32_t block_sum) { return int_lanes(minus_128_times(block_sum)); }
 inline IntLanes dot_offset(IntLanes acc, ByteLanes w, int32_t x) { return dot(acc, w, x); }
 #endif
 

@@ -23,7 +23,10 @@ OFFSET = 128  # stored = weight + OFFSET
 
 
 def arrange(q: torch.Tensor) -> torch.Tensor:
-    """integers (rows, cols) in -127..127 -> codes (rows, cols), offset and tiled."""
+    """integers (rows, cols) in -127..127 -> codes (rows, cols), offset and tiled. -128 is refused: the AVX2
+    path moves x's signs onto the weights, and -128 has no positive twin."""
+    if q.numel() and (q.min() < -127 or q.max() > 127):
+        raise ValueError(f"int8 codes must lie in -127..127, got {q.min().item()}..{q.max().item()}")
     return tiles.interleave((q.to(torch.int16) + OFFSET).to(torch.uint8), 32, 4)
 
 

@@ -107,16 +107,12 @@ def linear_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lib:
     tiled), activations quantized per block of 32; through `lib` (default: the process's first loaded
     library)."""
     x2, code, m, k = _operands(x, (codes, scales))
+    if codes.dim() != 2 or codes.shape[1] != k or scales.numel() != codes.shape[0]:
+        raise ValueError(f"aotpack's int8 kernel takes (N, {k}) codes and N scales, got {tuple(codes.shape)}")
     y = torch.empty(m, codes.shape[0], dtype=x.dtype)
+    codes, scales = codes.contiguous(), scales.contiguous()  # held until the call returns
     status = (lib or library()).aotpack_linear_int8(
-        x2.data_ptr(),
-        code,
-        m,
-        k,
-        codes.contiguous().data_ptr(),
-        scales.contiguous().data_ptr(),
-        codes.shape[0],
-        y.data_ptr(),
+        x2.data_ptr(), code, m, k, codes.data_ptr(), scales.data_ptr(), codes.shape[0], y.data_ptr()
     )
     _checked(status, "int8")
     return y.view(*x.shape[:-1], codes.shape[0])

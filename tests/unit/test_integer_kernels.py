@@ -1,6 +1,6 @@
 """aotpack's integer kernels (exporter/csrc, runtime.quant.native) against a reference in fp64, on every
 instruction path this machine can run (each built on purpose; the others are skipped by name), over odd
-shapes: K not a multiple of the 32-column block, N = 1, N not a multiple of the 4-row tile, a batch longer
+shapes: K not a multiple of the 32-column block, N = 1, N not a multiple of the 16-row tile, a batch longer
 than the kernels' 64-row chunk. Also the tile layouts' round trips and the activation format itself."""
 
 from __future__ import annotations
@@ -149,19 +149,47 @@ def test_a_tile_holds_its_16_rows_in_the_lanes_of_each_group_of_4_columns():
     assert nibbles[64:128].view(16, 4).tolist() == ((q[:, 8:12] % 16) | ((q[:, 12:16] % 16) << 4)).tolist()
 
 
-def test_every_instruction_path_computes_the_same_bits(lib):
+@pytest.mark.parametrize(
+    ("k", "group", "dtype"), [(160, 32, torch.float32), (100, None, torch.bfloat16), (256, 64, torch.float16)]
+)
+def test_every_instruction_path_computes_the_same_bits(lib, k, group, dtype):
     """A block's integer sums are exact and each lane rounds the same float steps on every path: a bundle's
-    numbers do not depend on which path its kernels.so was compiled for."""
+    numbers do not depend on which path its kernels.so was compiled for (K = 100: int8's short last block)."""
     reference = kernels.build(isa_override="scalar", log=lambda _: None, serve=False).library
-    g = torch.Generator().manual_seed(9)
-    x = torch.randn(11, 160, generator=g)
-    codes = int8_dot.arrange(torch.randint(-127, 128, (37, 160), generator=g).to(torch.int8))
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(11, k, generator=g).to(dtype)
+    codes = int8_dot.arrange(torch.randint(-127, 128, (37, k), generator=g).to(torch.int8))
     scales = torch.rand(37)
-    q4 = int4_dot.arrange(torch.randint(0, 16, (37, 160), generator=g))
-    s4, m4 = tiles.tile_rows(torch.rand(37, 5).bfloat16()), tiles.tile_rows(torch.randn(37, 5).bfloat16())
     assert torch.equal(native.linear_int8(x, codes, scales, lib), native.linear_int8(x, codes, scales, reference))
-    expected = native.linear_int4(x, q4, s4, m4, 32, reference)
-    assert torch.equal(native.linear_int4(x, q4, s4, m4, 32, lib), expected)
+    if group:
+        q4 = int4_dot.arrange(torch.randint(0, 16, (37, k), generator=g))
+        s4, m4 = (tiles.tile_rows(torch.rand(37, k // group).bfloat16()) for _ in range(2))
+        expected = native.linear_int4(x, q4, s4, m4, group, reference)
+        assert torch.equal(native.linear_int4(x, q4, s4, m4, group, lib), expected)
+
+
+def test_a_lone_row_computes_what_a_tile_lane_does(lib):
+    """Rows past the last whole tile run plain C++: row 16 of 17 (lone) and the same row in a second tile of
+    16 (rows 16..31 of 32) must give the same bits."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 100, generator=g)
+    q = torch.randint(-127, 128, (17, 100), generator=g).to(torch.int8)
+    q32, scales = torch.cat([q, q[:15]]), torch.rand(32)
+    lone = native.linear_int8(x, int8_dot.arrange(q), scales[:17], lib)[:, 16]
+    assert torch.equal(lone, native.linear_int8(x, int8_dot.arrange(q32), scales, lib)[:, 16])
+    q4 = torch.randint(0, 16, (17, 128), generator=g)
+    s4, m4 = torch.rand(32, 4).bfloat16(), torch.randn(32, 4).bfloat16()
+    x4 = torch.randn(5, 128, generator=g)
+    lone = native.linear_int4(x4, int4_dot.arrange(q4), tiles.tile_rows(s4[:17]), tiles.tile_rows(m4[:17]), 32, lib)
+    whole = native.linear_int4(
+        x4, int4_dot.arrange(torch.cat([q4, q4[:15]])), tiles.tile_rows(s4), tiles.tile_rows(m4), 32, lib
+    )
+    assert torch.equal(lone[:, 16], whole[:, 16])
+
+
+def test_int8_codes_outside_the_symmetric_grid_are_refused():
+    with pytest.raises(ValueError, match="-127..127, got -128"):
+        int8_dot.arrange(torch.tensor([[-128, 5]], dtype=torch.int8))
 
 
 def test_an_integer_quantized_weight_dequantizes_to_its_grid():
