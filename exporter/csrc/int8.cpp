@@ -16,10 +16,6 @@
 namespace aotpack {
 namespace {
 
-#ifndef AHEAD
-#define AHEAD 4
-#endif
-
 struct Int8 {
   const uint8_t* codes;
   const float* scales;

@@ -36,7 +36,6 @@ inline int32_t x4(const Activations& a, int64_t m, int64_t b, int64_t g) {
 }
 
 #if defined(AOTPACK_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define AOTPACK_LANES "avx512"
 constexpr int MR = 4;
 struct IntLanes { __m512i v; };
 struct FloatLanes { __m512 v; };
@@ -68,13 +67,8 @@ inline void nibbles(const uint8_t* p, ByteLanes* low, ByteLanes* high) {
 inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
   return {_mm512_dpbusd_epi32(acc.v, w.v, _mm512_set1_epi32(x))};
 }
-// int8's weights are stored plus 128 (unsigned, dpbusd's operand): a block's dot starts at -128 * sum(x)
-inline ByteLanes offset_weights(ByteLanes w) { return w; }
-inline IntLanes offset_start(int32_t block_sum) { return int_lanes(minus_128_times(block_sum)); }
-inline IntLanes dot_offset(IntLanes acc, ByteLanes w, int32_t x) { return dot(acc, w, x); }
 
 #elif defined(AOTPACK_AVX2)
-#define AOTPACK_LANES "avx2"
 constexpr int MR = 2;
 struct IntLanes { __m256i lo, hi; };
 struct FloatLanes { __m256 lo, hi; };
@@ -126,9 +120,6 @@ inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
   const __m256i xv = _mm256_set1_epi32(x);
   return {dpbusd(acc.lo, w.lo, xv), dpbusd(acc.hi, w.hi, xv)};
 }
-inline ByteLanes offset_weights(ByteLanes w) { return w; }
-inline IntLanes offset_start(int32_t block_sum) { return int_lanes(minus_128_times(block_sum)); }
-inline IntLanes dot_offset(IntLanes acc, ByteLanes w, int32_t x) { return dot(acc, w, x); }
 #else
 // maddubs sums pairs of unsigned * signed bytes into int16: at most 2 * 15 * 127 for int4's nibbles, so
 // no pair saturates.
@@ -137,6 +128,7 @@ inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
   return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(w.lo, xv), one)),
           _mm256_add_epi32(acc.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(w.hi, xv), one))};
 }
+#define AOTPACK_SIGNED_OFFSET 1
 // int8's weights plus 128 would saturate maddubs' pairs (255 * 127 * 2): flipped back to signed once per
 // load (shared by the MR rows), they take x's signs and multiply |x|, as llama.cpp's Q8_0 dot does
 // (|w|, |x| <= 127: a pair is at most 2 * 127 * 127).
@@ -154,7 +146,6 @@ inline IntLanes dot_offset(IntLanes acc, ByteLanes w, int32_t x) {
 #endif
 
 #else
-#define AOTPACK_LANES "scalar"
 constexpr int MR = 1;
 struct IntLanes { int32_t v[TILE]; };
 struct FloatLanes { float v[TILE]; };
@@ -193,6 +184,11 @@ inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
     for (int j = 0; j < GROUP; j++) acc.v[l] += int32_t(w.v[l * GROUP + j]) * xb[j];
   return acc;
 }
+#endif
+
+#if !defined(AOTPACK_SIGNED_OFFSET)
+// int8's weights are stored plus 128 (unsigned, dpbusd's operand, and the plain C++ does the same): a
+// block's dot starts at -128 * sum(x) and multiplies the stored bytes as they are.
 inline ByteLanes offset_weights(ByteLanes w) { return w; }
 inline IntLanes offset_start(int32_t block_sum) { return int_lanes(minus_128_times(block_sum)); }
 inline IntLanes dot_offset(IntLanes acc, ByteLanes w, int32_t x) { return dot(acc, w, x); }

@@ -33,14 +33,14 @@ def arrange(q: torch.Tensor) -> torch.Tensor:
     n, cols = q.shape
     q = q.to(torch.uint8).view(n, cols // 8, 2, 4)  # (rows, groups of 8 columns, nibble, 4)
     pairs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, cols // 2)  # byte 4p + j of each block, in order
-    return tiles.interleave(pairs, 16, 4)
+    return tiles.interleave(pairs, 16, tiles.GROUP)
 
 
 def rows(codes: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The integers of weight rows `ids` (n,) as uint8 (n, cols), in column order."""
     width = codes.shape[1]
     byte, shift = _byte_of(2 * width)
-    tiled = tiles.interleaved_positions(width, 16, 4)[:, byte]  # (TILE, cols)
+    tiled = tiles.interleaved_positions(width, 16, tiles.GROUP)[:, byte]  # (TILE, cols)
     picked = tiles.gather(codes, ids, tiled, byte)  # (n, cols) bytes
     return (picked >> shift.to(torch.uint8)) & 15
 

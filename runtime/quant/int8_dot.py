@@ -27,13 +27,13 @@ def arrange(q: torch.Tensor) -> torch.Tensor:
     path moves x's signs onto the weights, and -128 has no positive twin."""
     if q.numel() and (q.min() < -127 or q.max() > 127):
         raise ValueError(f"int8 codes must lie in -127..127, got {q.min().item()}..{q.max().item()}")
-    return tiles.interleave((q.to(torch.int16) + OFFSET).to(torch.uint8), 32, 4)
+    return tiles.interleave((q.to(torch.int16) + OFFSET).to(torch.uint8), 32, tiles.GROUP)
 
 
 def rows(codes: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The integers of weight rows `ids` (n,) as int8 (n, cols), in column order."""
     cols = codes.shape[1]
-    stored = tiles.gather(codes, ids, tiles.interleaved_positions(cols, 32, 4), torch.arange(cols))
+    stored = tiles.gather(codes, ids, tiles.interleaved_positions(cols, 32, tiles.GROUP), torch.arange(cols))
     return (stored.to(torch.int16) - OFFSET).to(torch.int8)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 TILE = 16  # exporter/csrc/quant_common.h: rows a tile holds, one to a vector lane
+GROUP = 4  # ...and the bytes of a row a lane holds together (what one dpbusd lane sums)
 
 
 def split(n: int) -> int:
