@@ -219,6 +219,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     )
     b.add_argument("--prefill-chunk", type=int, default=32, help="--streams: chunk size for the chunked admission")
     b.add_argument(
+        "--prefill-budget", type=float, default=1.0, help="--streams: and chunks sized to this many decode steps' time"
+    )
+    b.add_argument(
         "--speculate",
         type=int,
         default=0,
@@ -325,6 +328,7 @@ def _bench(args) -> int:
         streams=args.streams,
         long_prompt=args.long_prompt,
         prefill_chunk=args.prefill_chunk,
+        prefill_budget=args.prefill_budget,
         serve=args.serve,
         ray=args.ray,
         structured=args.structured,

@@ -33,6 +33,10 @@ class LoadConfig:
     # Text prompts longer than this are prefilled a chunk per decode step, so a long prompt delays the other
     # requests' next tokens by one chunk at a time (None: whole prompts).
     prefill_chunk: int | None = None
+    # With prefill_chunk: each chunk's tokens are chosen so that its prefill takes about this many decode
+    # steps' time, as the engine measures them, at most prefill_chunk and at least 8 (runtime.engine.chunking;
+    # None: every chunk is prefill_chunk tokens).
+    prefill_budget: float | None = None
     # A finished one-row request's cache row keeps its tokens until a request needs the row, and a later
     # prompt that starts the same way prefills only the rest (runtime.engine.prefix)
     prefix_cache: bool = True
@@ -51,6 +55,15 @@ class LoadConfig:
         chunk = self.prefill_chunk
         if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
             raise InvalidInputError(f"prefill_chunk must be a positive number of tokens or None, got {chunk!r}")
+        budget = self.prefill_budget
+        if budget is not None:
+            if not isinstance(budget, Real) or isinstance(budget, bool) or not math.isfinite(budget) or budget <= 0:
+                raise InvalidInputError(f"prefill_budget must be a number of decode steps > 0 or None, got {budget!r}")
+            if chunk is None:
+                raise InvalidInputError(
+                    f"prefill_budget={budget!r} sizes prefill chunks, and prefill_chunk is None (whole prompts); "
+                    "set prefill_chunk too, the largest chunk (e.g. 64)"
+                )
         for flag in ("prefix_cache", "speculation"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidInputError(f"{flag} must be True or False, got {getattr(self, flag)!r}")

@@ -34,8 +34,8 @@ from runtime.text import stream_text
 
 def load(path, config: LoadConfig | None = None, **options) -> Runtime:
     """Verify and load a bundle directory. `config` (runtime.config.LoadConfig), or its fields as
-    keyword arguments: `num_threads`, `busy_timeout`, `trusted_keys`, `prefill_chunk`, `backend`
-    ("aoti": the compiled `.so`; "onnxruntime": decode.onnx; "eager": no compiled code), `prepack`.
+    keyword arguments: `num_threads`, `busy_timeout`, `trusted_keys`, `prefill_chunk`, `prefill_budget`,
+    `backend` ("aoti": the compiled `.so`; "onnxruntime": decode.onnx; "eager": no compiled code), `prepack`.
 
     Everything is read from a private copy of the bundle, hashed (and with `trusted_keys`, its
     signature checked) as it was copied (runtime.format.reader.open_private); the copy goes with the
@@ -77,8 +77,9 @@ class Runtime:
         vocab = manifest.vocab_size if manifest is not None else model.config.get_text_config().vocab_size
         self.validator = Validator(model, contract, vocab, lambda: self.tokenizer)
         self.engine = Engine(
-            model, decode, contract, config.busy_timeout, config.prefill_chunk, config.prefix_cache, config.speculation
-        )
+            model, decode, contract, config.busy_timeout, config.prefill_chunk, config.prefix_cache, config.speculation,
+            config.prefill_budget,
+        )  # fmt: skip
         compat.quiet_pipeline_class_check(type(self).__name__)  # pipeline(model=rt) works; it needn't say otherwise
 
     # The tokenizer and processor load on first use: parsing a 262k-token vocabulary costs 3-4 s of

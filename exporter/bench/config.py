@@ -45,6 +45,7 @@ class BenchConfig:
     streams: int | None = None  # continuous-batching mode (exporter.bench.concurrency): N concurrent streams
     long_prompt: int = 512  # ...and the prompt admitted while N - 1 of them decode
     prefill_chunk: int = 32  # ...prefilled whole, then in chunks of this many tokens
+    prefill_budget: float = 1.0  # ...then in chunks of this many decode steps' time (at most prefill_chunk tokens)
     serve: bool = False  # `aotpack serve` against `transformers serve` (exporter.bench.serving), N = streams
     ray: bool = False  # with serve: alone and on Ray Serve with 1 and 2 replicas (exporter.bench.scaleout)
     structured: bool = False  # with serve: JSON-schema-constrained against free streams (exporter.bench.structured)
@@ -59,6 +60,11 @@ class BenchConfig:
             )
         if self.rounds < 1:
             raise BenchError(f"--rounds must be >= 1, got {self.rounds}")
+        if self.prefill_chunk < 1 or not self.prefill_budget > 0:
+            raise BenchError(
+                f"--prefill-chunk must be >= 1 and --prefill-budget > 0, got {self.prefill_chunk} and "
+                f"{self.prefill_budget}"
+            )
         longest = max(self.contexts or [self.prompt_len]) + self.new_tokens  # --contexts replace the prompt
         if longest > self.max_cache_len:
             raise BenchError(

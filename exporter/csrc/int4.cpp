@@ -26,41 +26,51 @@ struct Int4 {
   const uint16_t* mins;
   int64_t K, G, per_group;  // G groups a row, per_group blocks a group
   const float* U;           // (M, G): each group's sum of d * s, the min term's activation side
+  // Dot chains a pass keeps going (lanes.h, tiles_a_pass): a pass holds three sums a row and tile (block,
+  // group, row), so more tiles at once spilled registers; two tiles at one row measured best.
+  static constexpr int CHAINS = 2;
 
-  // Block b of rows m .. m + R against the tile whose block starts at wb: each row's 16 exact sums.
-  // `ahead`: the next tile's same block, prefetched a line a step (int8.cpp says why), or null.
-  template <int R>
-  static void block_dots(const Activations& a, const uint8_t* wb, const uint8_t* ahead, int64_t m, int64_t b,
+  // Block b of rows m .. m + R against the T tiles whose block starts at wb, `span` bytes apart: dots[t * R
+  // + r], each row's 16 exact sums of tile t. With `fetch`, the next T tiles' same block is prefetched, a
+  // line a step (int8.cpp says why).
+  template <int R, int T>
+  static void block_dots(const Activations& a, const uint8_t* wb, int64_t span, bool fetch, int64_t m, int64_t b,
                          IntLanes* dots) {
-    for (int r = 0; r < R; r++) dots[r] = int_lanes(0);
+    for (int i = 0; i < T * R; i++) dots[i] = int_lanes(0);
     for (int p = 0; p < BLOCK_BYTES / GROUP; p++) {
-      if (ahead) __builtin_prefetch(ahead + p * TILE * GROUP);
-      ByteLanes low, high;
-      nibbles(wb + p * TILE * GROUP, &low, &high);
-      for (int r = 0; r < R; r++) {
-        dots[r] = dot(dots[r], low, x4(a, m + r, b, 2 * p));
-        dots[r] = dot(dots[r], high, x4(a, m + r, b, 2 * p + 1));
+      for (int t = 0; t < T; t++) {
+        if (fetch) prefetch(wb + (T + t) * span + p * TILE * GROUP);
+        ByteLanes low, high;
+        nibbles(wb + t * span + p * TILE * GROUP, &low, &high);
+        for (int r = 0; r < R; r++) {
+          dots[t * R + r] = dot(dots[t * R + r], low, x4(a, m + r, b, 2 * p));
+          dots[t * R + r] = dot(dots[t * R + r], high, x4(a, m + r, b, 2 * p + 1));
+        }
       }
     }
   }
 
-  template <int R> void pass(const Activations& a, int64_t n0, int64_t m, bool fetch, FloatLanes* out) const {
-    const uint8_t* tile = codes + n0 * (K / 2);
-    FloatLanes acc[R];
-    for (int r = 0; r < R; r++) acc[r] = zero_lanes();
+  // Rows m .. m + R against the T tiles from row n0: out[t * R + r], each row's 16 lanes of tile t.
+  template <int R, int T> void pass(const Activations& a, int64_t n0, int64_t m, bool fetch, FloatLanes* out) const {
+    const int64_t span = TILE * K / 2;
+    const uint8_t* tiles = codes + n0 * (K / 2);
+    FloatLanes acc[T * R];
+    for (int i = 0; i < T * R; i++) acc[i] = zero_lanes();
     for (int64_t g = 0; g < G; g++) {
-      FloatLanes sums[R];
-      for (int r = 0; r < R; r++) sums[r] = zero_lanes();
+      FloatLanes sums[T * R];
+      for (int i = 0; i < T * R; i++) sums[i] = zero_lanes();
       for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
-        const uint8_t* wb = tile + b * TILE * BLOCK_BYTES;
-        IntLanes dots[R];
-        block_dots<R>(a, wb, fetch ? wb + TILE * K / 2 : nullptr, m, b, dots);
-        for (int r = 0; r < R; r++) sums[r] = fma_int(dots[r], a.d[(m + r) * a.nb + b], sums[r]);
+        IntLanes dots[T * R];
+        block_dots<R, T>(a, tiles + b * TILE * BLOCK_BYTES, span, fetch, m, b, dots);
+        for (int i = 0; i < T * R; i++) sums[i] = fma_int(dots[i], a.d[(m + i % R) * a.nb + b], sums[i]);
       }
-      const FloatLanes scale = bf16_lanes(scales + n0 * G + g * TILE), least = bf16_lanes(mins + n0 * G + g * TILE);
-      for (int r = 0; r < R; r++) acc[r] = fma(least, U[(m + r) * G + g], fma(sums[r], scale, acc[r]));
+      for (int t = 0; t < T; t++) {
+        const int64_t at = (n0 + t * TILE) * G + g * TILE;
+        const FloatLanes scale = bf16_lanes(scales + at), least = bf16_lanes(mins + at);
+        for (int r = 0; r < R; r++) acc[t * R + r] = fma(least, U[(m + r) * G + g], fma(sums[t * R + r], scale, acc[t * R + r]));
+      }
     }
-    for (int r = 0; r < R; r++) out[r] = acc[r];
+    for (int i = 0; i < T * R; i++) out[i] = acc[i];
   }
 
   // A row past the last whole tile, in plain C++: the same integer sums and float steps as a lane's.

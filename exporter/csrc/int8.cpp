@@ -20,37 +20,45 @@ struct Int8 {
   const uint8_t* codes;
   const float* scales;
   int64_t K;
+  static constexpr int CHAINS = 8;  // independent dot chains a pass keeps going (lanes.h, tiles_a_pass)
 
-  // Rows m .. m + R of the activations against the tile at row n0 (R <= MR): each row's 16 lanes.
-  template <int R> void pass(const Activations& a, int64_t n0, int64_t m, bool fetch, FloatLanes* out) const {
-    const int64_t full = K / BLOCK, nb = a.nb;
-    const uint8_t* tile = codes + n0 * K;
-    FloatLanes acc[R];
-    for (int r = 0; r < R; r++) acc[r] = zero_lanes();
+  // Rows m .. m + R of the activations against the T tiles from row n0 (R <= MR): out[t * R + r], each
+  // row's 16 lanes of tile t.
+  template <int R, int T> void pass(const Activations& a, int64_t n0, int64_t m, bool fetch, FloatLanes* out) const {
+    const int64_t full = K / BLOCK, nb = a.nb, span = TILE * K;  // span: a tile's bytes
+    const uint8_t* tiles = codes + n0 * K;
+    FloatLanes acc[T * R];
+    for (int i = 0; i < T * R; i++) acc[i] = zero_lanes();
     for (int64_t b = 0; b < full; b++) {
-      const uint8_t* wb = tile + b * TILE * BLOCK;
-      IntLanes dots[R];
-      for (int r = 0; r < R; r++) dots[r] = offset_start(a.s[(m + r) * nb + b]);
+      const uint8_t* wb = tiles + b * TILE * BLOCK;
+      IntLanes dots[T * R];
+      for (int i = 0; i < T * R; i++) dots[i] = offset_start(a.s[(m + i % R) * nb + b]);
       for (int g = 0; g < BLOCK / GROUP; g++) {
-        // the next tile's same line, ahead (a row of a few hundred bytes is too short for the hardware
-        // prefetcher), one line a group: issued eight at once, they stalled on the CPU's fill buffers
-        if (fetch) __builtin_prefetch(wb + TILE * K + g * TILE * GROUP);
-        const ByteLanes w = offset_weights(byte_lanes(wb + g * TILE * GROUP));
-        for (int r = 0; r < R; r++) dots[r] = dot_offset(dots[r], w, x4(a, m + r, b, g));
+        for (int t = 0; t < T; t++) {
+          // the next tiles' same line, ahead (a row of a few hundred bytes is too short for the hardware
+          // prefetcher), one line a group: issued eight at once, they stalled on the CPU's fill buffers
+          if (fetch) prefetch(wb + (T + t) * span + g * TILE * GROUP);
+          const ByteLanes w = offset_weights(byte_lanes(wb + t * span + g * TILE * GROUP));
+          for (int r = 0; r < R; r++) dots[t * R + r] = dot_offset(dots[t * R + r], w, x4(a, m + r, b, g));
+        }
       }
-      for (int r = 0; r < R; r++) acc[r] = fma_int(dots[r], a.d[(m + r) * nb + b], acc[r]);
+      for (int i = 0; i < T * R; i++) acc[i] = fma_int(dots[i], a.d[(m + i % R) * nb + b], acc[i]);
     }
     if (full < nb) {  // the last K % 32 columns, row by row after the blocks
       const int64_t kept = K - full * BLOCK;
-      const uint8_t* w = tile + full * TILE * BLOCK;
-      for (int r = 0; r < R; r++) {
-        alignas(64) int32_t dots[TILE];
-        for (int l = 0; l < TILE; l++) dots[l] = tail_dot(w + l * kept, a.row(m + r) + full * BLOCK, kept);
-        acc[r] = fma_int(int_lanes_load(dots), a.d[(m + r) * nb + full], acc[r]);
+      for (int t = 0; t < T; t++) {
+        const uint8_t* w = tiles + t * span + full * TILE * BLOCK;
+        for (int r = 0; r < R; r++) {
+          alignas(64) int32_t dots[TILE];
+          for (int l = 0; l < TILE; l++) dots[l] = tail_dot(w + l * kept, a.row(m + r) + full * BLOCK, kept);
+          acc[t * R + r] = fma_int(int_lanes_load(dots), a.d[(m + r) * nb + full], acc[t * R + r]);
+        }
       }
     }
-    const FloatLanes scale = float_lanes_load(scales + n0);
-    for (int r = 0; r < R; r++) out[r] = mul(acc[r], scale);
+    for (int t = 0; t < T; t++) {
+      const FloatLanes scale = float_lanes_load(scales + n0 + t * TILE);
+      for (int r = 0; r < R; r++) out[t * R + r] = mul(acc[t * R + r], scale);
+    }
   }
 
   // Not vectorized: for a VNNI target GCC 12 turns this loop into dpbusd and computes a wrong sum.

@@ -5,12 +5,15 @@
 //   IntLanes: 16 int32 lanes, each one row's exact integer dot product with one activation block;
 //   FloatLanes: 16 float lanes, each one row's sum so far;
 //   ByteLanes: one group of 4 columns of the tile's 16 rows (64 bytes: a lane's 4 bytes together).
-// Paths: AVX-512 with VNNI (one zmm, `dpbusd`, MR = 4 activation rows a pass), AVX2 with AVX-VNNI (two ymm
-// halves, `dpbusd`, MR = 2), AVX2 (two ymm halves, `maddubs` + `madd`, MR = 2), plain C++ (MR = 1). A
-// block's integer sums are exact on every path, and each lane then rounds the same IEEE operations
-// (convert, fma, multiply) in the same order, so a bundle's numbers do not depend on the path its
-// kernels.so was compiled for, and a lone row's scalar code computes what a tile's lane does.
+// Paths: AVX-512 with VNNI (one zmm, `dpbusd`, MR = 4 activation rows a pass, against up to 8 tiles: see
+// tiles_a_pass), AVX2 with AVX-VNNI (two ymm halves, `dpbusd`, MR = 2), AVX2 (two ymm halves, `maddubs` +
+// `madd`, MR = 2), plain C++ (MR = 1). A block's integer sums are exact on every path, and each lane then
+// rounds the same IEEE operations (convert, fma, multiply) in the same order, so a bundle's numbers do not
+// depend on the path its kernels.so was compiled for, and a lone row's scalar code computes what a tile's
+// lane does.
 #pragma once
+
+#include <omp.h>
 
 #include "quant_common.h"
 
@@ -23,6 +26,17 @@ namespace aotpack {
 #else
 #define AOTPACK_NO_VECTORIZE
 #endif
+
+// Prefetch the line at p where the code issues it: GCC schedules __builtin_prefetch freely, and once it
+// hoisted a block's eight (one a group of 4 columns) to the block's start, where they stalled on the CPU's
+// fill buffers (the AVX-VNNI int8 kernel ran 0.9x at 2 to 8 rows); a volatile asm stays in its place.
+inline void prefetch(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p);
+#endif
+}
 
 // -128 * s, wrapping as the vector sums do: a block holding a NaN has a meaningless sum s (and a NaN step,
 // which makes its row NaN), and signed overflow would be undefined behaviour.
@@ -201,42 +215,74 @@ template <int D> inline void store_lanes(FloatLanes v, void* y, int64_t at) {
   for (int l = 0; l < TILE; l++) store_from_f32<D>(y, at + l, out[l]);
 }
 
-// y[m0 .. m1, n0 .. n0 + TILE] for a scheme whose pass<R>(a, n0, m, fetch, out) computes R activation rows'
-// lanes against the tile at n0: MR rows a pass, then the rest one at a time. `first`: the tile's first
-// chunk of rows, whose first pass prefetches the next tile.
-template <int D, class S>
-void tile_rows(const S& s, const Activations& a, int64_t n0, int64_t m0, int64_t m1, int64_t N, void* y, bool first) {
-  FloatLanes out[MR];
-  int64_t m = m0;
-  for (; m + MR <= m1; m += MR) {
-    s.template pass<MR>(a, n0, m, first && m == m0, out);
-    for (int r = 0; r < MR; r++) store_lanes<D>(out[r], y, (m + r) * N + n0);
+// Tiles a pass computes against R activation rows: enough independent dot chains (R * T, up to the scheme's
+// `chains`) to cover the integer dot's latency. On AVX-512 VNNI `dpbusd` takes 5 cycles and two issue a
+// cycle, so one tile against four rows (four chains) left it latency-bound at half its throughput or less;
+// eight chains fit in the 32 zmm registers with their float sums (int8: 5-20 % faster at 1 to 8 rows).
+// AVX2's 16 ymm registers hold two tiles' chains at one row only.
+constexpr int tiles_a_pass(int R, int chains) {
+#if defined(AOTPACK_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  return R >= chains ? 1 : chains / R;
+#elif defined(AOTPACK_AVX2)
+  return R == 1 ? 2 : 1;
+#else
+  return 1;
+#endif
+}
+
+// y[m .. m + R, tiles n0 .. n0 + count]: T tiles a pass (the scheme's pass<R, T>), the rest fewer at a time.
+// `fetch`: passes prefetch the tiles that follow theirs. Not inlined: a function per (R, T) keeps GCC's
+// register allocation to one pass's loops (inlined into the thread's loop, the AVX2 paths spilled their
+// sums to the stack and ran up to 0.8x the one-tile kernels at 2 to 8 rows).
+template <int D, int R, int T, class S>
+__attribute__((noinline)) void row_group(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m,
+                                         int64_t N, void* y, bool fetch) {
+  FloatLanes out[R * T];
+  int64_t t = 0;
+  for (; t + T <= count; t += T) {
+    s.template pass<R, T>(a, n0 + t * TILE, m, fetch, out);
+    for (int j = 0; j < T; j++)
+      for (int r = 0; r < R; r++) store_lanes<D>(out[j * R + r], y, (m + r) * N + n0 + (t + j) * TILE);
   }
-  for (; m < m1; m++) {
-    s.template pass<1>(a, n0, m, first && m == m0, out);
-    store_lanes<D>(out[0], y, m * N + n0);
+  if constexpr (T > 1) {
+    if (t < count) row_group<D, R, T / 2>(s, a, n0 + t * TILE, count - t, m, N, y, fetch);
   }
 }
 
-// y (M, N) = the scheme's rows over the quantized activations. Threads split the tiles of 16 weight rows
-// (then the rows past the last whole tile, one at a time); each tile meets the activation rows in chunks of
-// 64, which stay in L2 while the weights stream past, and a chunk's rows a few at a time (the scheme's
-// MR), which share each weight vector loaded. `S` (int8.cpp, int4.cpp) provides pass<R>(a, n0, m, fetch,
-// out): R activation rows' lanes against the tile at row n0 (`fetch`: prefetch the next tile), and
+// y[m .. m1, tiles n0 .. n0 + count]: R rows a pass while R are left, then R / 2 (R a power of two), so
+// every row group shares each weight vector loaded. With `fetch`, the first group prefetches the tiles ahead.
+template <int D, int R, class S>
+void rows(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m, int64_t m1, int64_t N, void* y,
+          bool fetch) {
+  constexpr int T = tiles_a_pass(R, S::CHAINS);
+  for (; m + R <= m1; m += R, fetch = false) row_group<D, R, T>(s, a, n0, count, m, N, y, fetch);
+  if constexpr (R > 1) {
+    if (m < m1) rows<D, R / 2>(s, a, n0, count, m, m1, N, y, fetch);
+  }
+}
+
+// y (M, N) = the scheme's rows over the quantized activations. The tiles of 16 weight rows are cut into one
+// even share per thread (then the rows past the last whole tile, one at a time); a share goes a few tiles
+// at a time (tiles_a_pass), which meet the activation rows in chunks of 64, which stay in L2 while the
+// weights stream past, and a chunk's rows a few at a time (the scheme's MR), which share each weight vector
+// loaded. `S` (int8.cpp, int4.cpp) provides pass<R, T>(a, n0, m, fetch, out): R activation rows' lanes
+// against the T tiles from row n0 into out[t * R + r] (`fetch`: prefetch the next T tiles), and
 // lone<D>(a, n, m, N, y): y[m, n] for a row past the last whole tile.
 template <int D, class S> void gemm_as(const S& s, const Activations& a, int64_t N, void* y) {
-  const int64_t M = a.M, tiles = N / TILE, lone = N % TILE, chunk = 64;
+  const int64_t M = a.M, tiles = N / TILE, lone = N % TILE, chunk = 64, step = tiles_a_pass(1, S::CHAINS);
+  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), tiles));
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tiles + lone; t++) {
-    for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-      const int64_t m1 = std::min(M, m0 + chunk);
-      if (t < tiles) {
-        tile_rows<D>(s, a, t * TILE, m0, m1, N, y, m0 == 0);
-      } else {
-        for (int64_t m = m0; m < m1; m++) s.template lone<D>(a, tiles * TILE + (t - tiles), m, N, y);
-      }
+  for (int64_t p = 0; p < shares; p++) {
+    for (int64_t t0 = tiles * p / shares, t1 = tiles * (p + 1) / shares; t0 < t1; t0 += step) {
+      const int64_t count = std::min(step, t1 - t0);
+      for (int64_t m0 = 0; m0 < M; m0 += chunk)
+        rows<D, MR>(s, a, t0 * TILE, count, m0, std::min(M, m0 + chunk), N, y, m0 == 0);
     }
   }
+  if (lone == 0) return;
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int64_t n = 0; n < lone; n++)
+    for (int64_t m = 0; m < M; m++) s.template lone<D>(a, tiles * TILE + n, m, N, y);
 }
 
 template <class S> int32_t gemm(const S& s, const Activations& a, int32_t dtype, int64_t N, void* y) {

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from runtime import backends
 from runtime.errors import AotpackError
-from runtime.serve.config import PREFILL_CHUNK
+from runtime.serve.config import PREFILL_BUDGET, PREFILL_CHUNK
 
 
 class Formatter(argparse.HelpFormatter):
@@ -120,6 +120,13 @@ def _add_serve(sub) -> None:
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: $AOTPACK_API_KEY, else none)")
     s.add_argument(
         "--prefill-chunk", type=int, default=PREFILL_CHUNK, help="prefill long prompts in chunks of N tokens; 0: whole"
+    )
+    s.add_argument(
+        "--prefill-budget",
+        type=float,
+        default=PREFILL_BUDGET,
+        help="size each chunk (at most --prefill-chunk tokens) to take about this many decode steps' time, as "
+        "measured while serving; 0: every chunk --prefill-chunk tokens",
     )
     s.add_argument(
         "--no-prefix-cache",
@@ -239,7 +246,8 @@ def _serve(args) -> int:
         max_stops=args.max_stops, max_stop_chars=args.max_stop_chars,
         shutdown_grace=args.shutdown_grace, served_model_names=tuple(args.served_model_names or ()),
         load=load_config(
-            args, prefill_chunk=_prefill_chunk(args.prefill_chunk), prefix_cache=not args.no_prefix_cache
+            args, prefill_chunk=_prefill_chunk(args.prefill_chunk), prefix_cache=not args.no_prefix_cache,
+            prefill_budget=(args.prefill_budget or None) if args.prefill_chunk else None,
         ),
     )  # fmt: skip
     if ray is None:

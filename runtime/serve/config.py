@@ -9,6 +9,9 @@ from runtime.config import LoadConfig
 from runtime.errors import InvalidInputError
 
 PREFILL_CHUNK = 64  # a server prefills long prompts a chunk per decode step: its other streams keep going
+# ...each chunk as many tokens (at most PREFILL_CHUNK) as take about this many decode steps' time, so that a
+# stream's token gaps stay under 3x their median while a long prompt goes in (runtime.engine.chunking)
+PREFILL_BUDGET = 1.0
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,9 @@ class ServeConfig:
     # the model ids requests may name, the first reported by /v1/models (default: the bundle folder's name);
     # a request naming another model gets a 404, as vLLM answers
     served_model_names: tuple[str, ...] = ()
-    load: LoadConfig = field(default_factory=lambda: LoadConfig(prefill_chunk=PREFILL_CHUNK))
+    load: LoadConfig = field(
+        default_factory=lambda: LoadConfig(prefill_chunk=PREFILL_CHUNK, prefill_budget=PREFILL_BUDGET)
+    )
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:

@@ -163,17 +163,19 @@ def test_streams_report_reads_the_targets_from_the_measurements(tmp_path):
         "one": {"streams": 1, "tokens_per_s": 20.0, "itl_p50_ms": 50.0, "itl_p99_ms": 55.0},
         "many": {"streams": 8, "tokens_per_s": 110.0, "itl_p50_ms": 72.0, "itl_p99_ms": 90.0},
         "admission": [admission | {"prefill_chunk": None, "p99_over_p50": 9.0},
-                      admission | {"prefill_chunk": 32, "p99_over_p50": 2.5}],
+                      admission | {"prefill_chunk": 32, "p99_over_p50": 3.5},
+                      admission | {"prefill_chunk": 32, "prefill_budget": 1.0, "p99_over_p50": 2.5}],
     }  # fmt: skip
     assert figures(measured) == pytest.approx(
-        {"throughput_gain": 5.5, "itl_growth": 1.44, "chunked_p99_over_p50": 2.5, "whole_p99_over_p50": 9.0}
-    )
+        {"throughput_gain": 5.5, "itl_growth": 1.44, "budgeted_p99_over_p50": 2.5, "chunked_p99_over_p50": 3.5,
+         "whole_p99_over_p50": 9.0}
+    )  # fmt: skip
     config = {"model": "m", "threads": 2, "prompt_len": 32, "new_tokens": 64}
     machine = {"cpu": "cpu", "isa": ["avx2"], "torch": "2.13"}
     write_streams_report({"config": config, "machine": machine, "build_s": 1.0, "variant": "bfloat16",
                           "measured": measured}, tmp_path)  # fmt: skip
     report = (tmp_path / "streams.md").read_text()
-    assert report.count("| met |") == 3 and "chunks of 32" in report
+    assert report.count("| met |") == 3 and "chunks of 32 |" in report and "1× a step's time, at most 32" in report
     assert "| 8 | 64.0 | 8.0 | 1.60× |" in report  # each graph's step, per row and against batch 1
 
 

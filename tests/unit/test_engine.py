@@ -285,6 +285,29 @@ def test_chunked_prefill_matches_a_lone_generate(stand_in, name, chunk):
     assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan, engine))
 
 
+def test_chunks_sized_to_a_time_budget_keep_the_tokens_and_follow_the_measured_cost(stand_in, monkeypatch):
+    """With a budget, each chunk's size comes from the last piece's measured time (runtime.engine.chunking):
+    a budget far below what a token costs gives the smallest chunks; the tokens stay a lone generate's."""
+    import runtime.engine.runner
+    from runtime.engine.chunking import MIN_CHUNK
+
+    bundle = stand_in("tiny-gemma3")
+    engine = _engine(bundle, prefill_chunk=12, prefill_budget=1e-6)
+    pieces = []
+    real = runtime.engine.runner.Runner.prefill
+    monkeypatch.setattr(
+        runtime.engine.runner.Runner, "prefill", lambda self, piece: pieces.append(piece) or real(self, piece)
+    )
+    plan = [(p, GREEDY, None) for p in _prompts(bundle, [5, 40])]
+    assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan, engine))
+    long = [(p.start, p.end) for p in pieces if p.state.request.prompt_len == 40]
+    assert long[0][0] == 0 and long[-1][1] == 39
+    assert all(end == start for (_, end), (start, _) in zip(long, long[1:], strict=False))  # in order, no gap
+    # once the short request decodes, the long prompt goes MIN_CHUNK tokens at a time (its last piece the rest)
+    assert {end - start for start, end in long[1:-1]} == {MIN_CHUNK}
+    assert engine.prefill_chunk == 12 and engine.prefill_budget == 1e-6
+
+
 def test_a_long_prompt_is_prefilled_between_decode_steps(stand_in):
     """With chunks, a running request keeps getting tokens while a long prompt is prefilled."""
     bundle = stand_in("tiny-llama")

@@ -102,16 +102,26 @@ def test_int4_kernel_matches_fp64(lib, m, k, n, group, dtype):
 
 
 def test_a_row_computes_the_same_bits_in_any_batch(lib):
-    """Prefill (many rows) and decode (one) run one kernel: a row's output cannot depend on its batch."""
+    """Prefill (many rows) and decode (one) run one kernel: a row's output cannot depend on its batch, nor on
+    how the kernel groups rows and tiles into passes (27 tiles and 5 lone rows: passes of 8, 4, 2 and 1
+    tiles; 67 rows: a chunk of 64, then groups of 4, 2 and 1), nor on the threads sharing the tiles."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn(67, 96, generator=g)
-    codes, scales = int8_dot.arrange(torch.randint(-127, 128, (35, 96), generator=g).to(torch.int8)), torch.rand(35)
-    q4 = int4_dot.arrange(torch.randint(0, 16, (35, 96), generator=g))
-    s4, m4 = tiles.tile_rows(torch.rand(35, 3).bfloat16()), tiles.tile_rows(torch.randn(35, 3).bfloat16())
+    n = 27 * 16 + 5
+    codes, scales = int8_dot.arrange(torch.randint(-127, 128, (n, 96), generator=g).to(torch.int8)), torch.rand(n)
+    q4 = int4_dot.arrange(torch.randint(0, 16, (n, 96), generator=g))
+    s4, m4 = tiles.tile_rows(torch.rand(n, 3).bfloat16()), tiles.tile_rows(torch.randn(n, 3).bfloat16())
     batch8, batch4 = native.linear_int8(x, codes, scales, lib), native.linear_int4(x, q4, s4, m4, 32, lib)
-    for i in (0, 33, 66):
-        assert torch.equal(native.linear_int8(x[i : i + 1], codes, scales, lib), batch8[i : i + 1])
-        assert torch.equal(native.linear_int4(x[i : i + 1], q4, s4, m4, 32, lib), batch4[i : i + 1])
+    threads = torch.get_num_threads()
+    try:
+        for count in (threads, 1):
+            torch.set_num_threads(count)
+            for i, rows in ((0, 1), (33, 1), (66, 1), (1, 2), (10, 3), (20, 7), (30, 8), (40, 11)):
+                part = slice(i, i + rows)
+                assert torch.equal(native.linear_int8(x[part], codes, scales, lib), batch8[part])
+                assert torch.equal(native.linear_int4(x[part], q4, s4, m4, 32, lib), batch4[part])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_nan_or_inf_in_a_row_poisons_that_row_only(lib):
@@ -158,12 +168,13 @@ def test_every_instruction_path_computes_the_same_bits(lib, k, group, dtype):
     reference = kernels.build(isa_override="scalar", log=lambda _: None, serve=False).library
     g = torch.Generator().manual_seed(k)
     x = torch.randn(11, k, generator=g).to(dtype)
-    codes = int8_dot.arrange(torch.randint(-127, 128, (37, k), generator=g).to(torch.int8))
-    scales = torch.rand(37)
+    n = 21 * 16 + 5  # tiles in passes of each size a path uses, and lone rows
+    codes = int8_dot.arrange(torch.randint(-127, 128, (n, k), generator=g).to(torch.int8))
+    scales = torch.rand(n)
     assert torch.equal(native.linear_int8(x, codes, scales, lib), native.linear_int8(x, codes, scales, reference))
     if group:
-        q4 = int4_dot.arrange(torch.randint(0, 16, (37, k), generator=g))
-        s4, m4 = (tiles.tile_rows(torch.rand(37, k // group).bfloat16()) for _ in range(2))
+        q4 = int4_dot.arrange(torch.randint(0, 16, (n, k), generator=g))
+        s4, m4 = (tiles.tile_rows(torch.rand(n, k // group).bfloat16()) for _ in range(2))
         expected = native.linear_int4(x, q4, s4, m4, group, reference)
         assert torch.equal(native.linear_int4(x, q4, s4, m4, group, lib), expected)
 

@@ -134,3 +134,51 @@ def test_requests_admitted_together_into_a_full_cache_each_reuse_their_own_prefi
     plan = [({"input_ids": ids}, SHORT, None) for ids in later]
     assert_each_matches_lone_generate(rt.model, plan, results)
     assert [h.cached_tokens for h in handles] == [8] * 4
+
+
+def _bucketed(eager_runtime):
+    """Four rows stepped by graphs of 1 or 4 rows, as a bundle's batch buckets: two requests step all four."""
+    rt = eager_runtime("tiny-llama", rows=4, cache=160)
+    rt.decode.batches = (1, 4)
+    return rt
+
+
+LONG = {"max_new_tokens": 40, "min_new_tokens": 40, "do_sample": False}
+
+
+def test_a_kept_prefix_that_would_widen_the_running_steps_is_forgotten(eager_runtime):
+    """A kept row is parked past its tokens, and every row of a step attends up to the furthest row's
+    index: a long prompt kept in a row the step's graph covers would make short requests' steps attend
+    over its length. It is forgotten (and its row idled) once it reaches past twice theirs plus 64 slots.
+    The running requests' tokens are a lone generate's either way."""
+    from runtime.engine.engine import MARGIN
+
+    rt = _bucketed(eager_runtime)
+    torch.manual_seed(12)
+    short = [torch.randint(10, 300, (1, 5)) for _ in range(2)]
+    first = rt.submit(short[0], want_logits=True, **LONG)  # row 0
+    stream = iter(first)
+    head = [next(stream)]
+    rt.submit(torch.randint(10, 300, (1, MARGIN + 40)), **SHORT).result()  # row 1, kept when it ends
+    kept = rt.engine.scheduler.kept
+    assert [k.length for k in kept.values()] == [MARGIN + 42]
+    second = rt.submit(short[1], want_logits=True, **LONG)  # row 1: the kept prefix moves up, into graph 4
+    other = iter(second)
+    heads = [head, [next(other)]]
+    assert not kept and int(rt.engine.runner.positions.index.max()) < MARGIN  # forgotten, its row idle
+    steps = [heads[0] + list(stream), heads[1] + list(other)]
+    results = [tuple(torch.stack(x, dim=1) for x in zip(*s, strict=True)) for s in steps]
+    plan = [({"input_ids": ids}, LONG, None) for ids in short]
+    assert_each_matches_lone_generate(rt.model, plan, results)
+
+
+def test_a_kept_prefix_not_much_longer_than_the_running_ones_stays(eager_runtime):
+    rt = _bucketed(eager_runtime)
+    torch.manual_seed(13)
+    first = iter(rt.submit(torch.randint(10, 300, (1, 30)), **LONG))  # row 0
+    next(first)
+    rt.submit(torch.randint(10, 300, (1, 20)), **SHORT).result()  # row 1, kept
+    second = iter(rt.submit(torch.randint(10, 300, (1, 5)), **LONG))  # row 1; the prefix moves up, into graph 4
+    next(second)
+    assert [k.length for k in rt.engine.scheduler.kept.values()] == [22]
+    list(first), list(second)
