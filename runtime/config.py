@@ -34,8 +34,8 @@ class LoadConfig:
     # requests' next tokens by one chunk at a time (None: whole prompts).
     prefill_chunk: int | None = None
     # With prefill_chunk: each chunk's tokens are chosen so that its prefill takes about this many decode
-    # steps' time, as the engine measures them, at most prefill_chunk and at least 8 (runtime.engine.chunking;
-    # None: every chunk is prefill_chunk tokens).
+    # steps' time, as the engine measures them, at most prefill_chunk and at least min(8, prefill_chunk)
+    # (runtime.engine.chunking; None: every chunk is prefill_chunk tokens).
     prefill_budget: float | None = None
     # A finished one-row request's cache row keeps its tokens until a request needs the row, and a later
     # prompt that starts the same way prefills only the rest (runtime.engine.prefix)

@@ -270,10 +270,13 @@ void rows(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m
 // lone<D>(a, n, m, N, y): y[m, n] for a row past the last whole tile.
 template <int D, class S> void gemm_as(const S& s, const Activations& a, int64_t N, void* y) {
   const int64_t M = a.M, tiles = N / TILE, lone = N % TILE, chunk = 64, step = tiles_a_pass(1, S::CHAINS);
-  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), tiles));
-#pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < shares; p++) {
-    for (int64_t t0 = tiles * p / shares, t1 = tiles * (p + 1) / shares; t0 < t1; t0 += step) {
+#pragma omp parallel
+  {
+    // the team's own size, not omp_get_max_threads(): a team may be smaller (nested, dynamic), and a
+    // thread taking two shares would double the step's time
+    const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(omp_get_num_threads(), tiles));
+    const int64_t p = std::min<int64_t>(omp_get_thread_num(), shares);  // threads past the tiles: no share
+    for (int64_t t0 = tiles * p / shares, t1 = tiles * std::min(p + 1, shares) / shares; t0 < t1; t0 += step) {
       const int64_t count = std::min(step, t1 - t0);
       for (int64_t m0 = 0; m0 < M; m0 += chunk)
         rows<D, MR>(s, a, t0 * TILE, count, m0, std::min(M, m0 + chunk), N, y, m0 == 0);

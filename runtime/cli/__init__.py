@@ -124,9 +124,8 @@ def _add_serve(sub) -> None:
     s.add_argument(
         "--prefill-budget",
         type=float,
-        default=PREFILL_BUDGET,
         help="size each chunk (at most --prefill-chunk tokens) to take about this many decode steps' time, as "
-        "measured while serving; 0: every chunk --prefill-chunk tokens",
+        f"measured while serving (default {PREFILL_BUDGET:g}); 0: every chunk --prefill-chunk tokens",
     )
     s.add_argument(
         "--no-prefix-cache",
@@ -246,8 +245,7 @@ def _serve(args) -> int:
         max_stops=args.max_stops, max_stop_chars=args.max_stop_chars,
         shutdown_grace=args.shutdown_grace, served_model_names=tuple(args.served_model_names or ()),
         load=load_config(
-            args, prefill_chunk=_prefill_chunk(args.prefill_chunk), prefix_cache=not args.no_prefix_cache,
-            prefill_budget=(args.prefill_budget or None) if args.prefill_chunk else None,
+            args, **_prefill_options(args.prefill_chunk, args.prefill_budget), prefix_cache=not args.no_prefix_cache
         ),
     )  # fmt: skip
     if ray is None:
@@ -257,8 +255,20 @@ def _serve(args) -> int:
     return 0
 
 
-def _prefill_chunk(value: int) -> int | None:
-    return value or None  # 0: whole prompts; the range is LoadConfig's
+def _prefill_options(chunk: int, budget: float | None) -> dict:
+    """serve's --prefill-chunk (0: whole prompts) and --prefill-budget (0: fixed chunks; None: the default
+    budget when chunking) as LoadConfig's fields, refused by flag name here."""
+    if chunk < 0:
+        raise AotpackError(f"--prefill-chunk must be a number of tokens >= 0 (0: whole prompts), got {chunk}")
+    if budget is not None and not budget >= 0:  # NaN too
+        raise AotpackError(f"--prefill-budget must be a number of decode steps >= 0 (0: fixed chunks), got {budget}")
+    if chunk == 0 and budget:
+        raise AotpackError(
+            f"--prefill-budget {budget:g} sizes prefill chunks, and --prefill-chunk 0 prefills whole prompts; "
+            "give --prefill-chunk the largest chunk (e.g. 64), or drop --prefill-budget"
+        )
+    budget = PREFILL_BUDGET if budget is None else budget
+    return {"prefill_chunk": chunk or None, "prefill_budget": (budget or None) if chunk else None}
 
 
 def _ray_config(args):

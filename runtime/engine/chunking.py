@@ -4,11 +4,13 @@ Owns the chunk size the scheduler (runtime.engine.scheduler) hands out. A fixed 
 stalls the running streams by however long that many tokens take, which depends on the machine, the
 model, the context and the load; with a time budget (`prefill_budget`, in decode steps) the size follows
 what the engine measures instead: after each piece, the next chunk is this piece's tokens scaled by the
-budget over what it took, within [MIN_CHUNK, prefill_chunk]. A chunk costs about a + b * tokens (a: one
+budget over what it took, within [min(MIN_CHUNK, prefill_chunk), prefill_chunk] (prefill_chunk while no
+decode step is measured, MIN_CHUNK while no piece is). A chunk costs about a + b * tokens (a: one
 pass over every layer's weights and ops; b: each token's arithmetic), so scaling n by r = target / (a + b n)
 lands short of the target when growing (r > 1) and still over it when shrinking (r < 1): a chunk over
 budget is scaled by r squared instead, which lands at or under it, and the sizes then grow onto the
-target from below, so a stall over the budget is one chunk long. When a alone takes more than the
+target from below, so a stall over the budget is one chunk long (one chunk goes in an iteration while
+others decode: runtime.engine.scheduler). When a alone takes more than the
 budget, chunks shrink to MIN_CHUNK. A stream then waits about (1 + budget) steps for its next token while
 a long prompt goes in.
 """

@@ -245,14 +245,17 @@ class Engine:
         to the furthest row's index. A 516-token prompt kept in row 7 made 7 streams at 64 tokens step in 30
         ms instead of 20 (Gemma 3 270M int8, 8 rows). Kept rows above the graph stay; so do sessions' rows."""
         batch = self._covering(self.runner.decode.batches, width)
+        if self.draft_tokens:  # a verify step's graph may cover more rows than the decode step's
+            batch = max(batch, self._covering(self.runner.decode.verify_batches, width))
         index = self.runner.positions.index[:batch].tolist()  # each stepped row's cache index
-        bound = WIDEN * (max(max(index[s.rows]) for s in decoding) + 1) + MARGIN
         with self._cond:
-            wide = [row for row in range(batch) if self.scheduler.owners[row] is None and index[row] >= bound]
+            owners = self.scheduler.owners[:batch]
+            held = [index[row] for row in range(batch) if owners[row] is not None]  # prefilling rows, leases too
+            bound = WIDEN * (max(held, default=0) + 1) + MARGIN
+            wide = [row for row in range(batch) if owners[row] is None and index[row] >= bound]
             for row in wide:
                 self.scheduler.forget(row)
-        for row in wide:
-            self.runner.release(slice(row, row + 1))
+                self.runner.release(slice(row, row + 1))
 
     def _begin(self, state: RequestState) -> None:
         """Rows a request takes start clean, unless they hold its session's conversation or a prefix of
@@ -264,18 +267,23 @@ class Engine:
             self.runner.begin_decoding(state, state.fed)
 
     def _step_seconds(self) -> float | None:
-        """What the decode step of the requests decoding now took lately (None: not measured yet)."""
+        """What a step of the requests decoding now took lately: the decode graph's covering them, else
+        the verify graph's (with speculation, decode steps may be rare); None: not measured yet."""
         _, width = self.scheduler.decoding()
-        batch = self._covering(self.runner.decode.batches, width) if width else None
-        return self.costs.seconds.get(("decode", batch))
+        if not width:
+            return None
+        decode = self.costs.seconds.get(("decode", self._covering(self.runner.decode.batches, width)))
+        if decode is not None or not self.draft_tokens:
+            return decode
+        return self.costs.seconds.get(("verify", self._covering(self.runner.decode.verify_batches, width)))
 
     def _prefill(self, piece) -> None:
         try:
             start, chunkable = time.perf_counter(), piece.state.chunkable  # images make a piece cost otherwise
             logits = self.runner.prefill(piece)
-            if chunkable:
-                self.chunks.timed(piece.end - piece.start, time.perf_counter() - start)
             with self._cond:
+                if chunkable:
+                    self.chunks.timed(piece.end - piece.start, time.perf_counter() - start)
                 self.scheduler.prefilled(piece)
             if logits is not None:
                 self._emit(piece.state, logits)

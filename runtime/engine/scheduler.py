@@ -21,11 +21,11 @@ The policy:
   requests or sessions' leases are never touched;
 - requests are admitted in arrival order, so a large request is not overtaken forever; one that found
   no rows within `busy_timeout` seconds expires;
-- each admitted request gets its first prompt piece at once; besides, the oldest request still
-  prefilling gets one more chunk per iteration. A piece is the whole prompt unless the engine chunks
-  (`prefill_chunk`), in which case text prompts go `prefill_chunk` tokens at a time, so a long prompt
-  delays the others' next tokens by one chunk per iteration (SOLO_CHUNK at a time while no other
-  request decodes).
+- a piece is the whole prompt unless the engine chunks (`prefill_chunk`), in which case text prompts go
+  `prefill_chunk` tokens at a time, and while another request decodes only one request's piece goes in
+  an iteration (the oldest still prefilling), so prompts arriving together delay the others' next tokens
+  by one chunk per iteration, not one each. Otherwise each admitted request gets its first piece at once,
+  and the oldest pending one its next (SOLO_CHUNK at a time while no other request decodes).
 """
 
 from __future__ import annotations
@@ -183,12 +183,18 @@ class Scheduler:
         for state in plan.admitted:
             if state.fed >= state.final:  # a session's row holds the whole prompt but its last token
                 state.status = Status.DECODING
-            else:
-                plan.prefill.append(self._piece(state))
-        pending = next((s for s in self.running if s.status is Status.PREFILLING and s not in plan.admitted), None)
-        if pending is not None:
-            plan.prefill.append(self._piece(pending))
+        plan.prefill = [self._piece(state) for state in self._prefilling(plan)]
         return plan
+
+    def _prefilling(self, plan: Plan) -> list[State]:
+        """Whose prompt goes in this iteration: while chunks keep others' tokens coming, one request's (the
+        oldest still prefilling: a chunk's size bounds the iteration's stall only if it is the only one);
+        else each admitted request's, and the oldest pending one's."""
+        prefilling = [s for s in self.running if s.status is Status.PREFILLING]  # in admission order
+        if self.prefill_chunk is not None and any(s.status is Status.DECODING for s in self.running):
+            return prefilling[:1]
+        pending = next((s for s in prefilling if s not in plan.admitted), None)
+        return [s for s in prefilling if s in plan.admitted] + ([pending] if pending is not None else [])
 
     def prefilled(self, piece: Piece) -> bool:
         """A piece is in the cache; True when its request now decodes."""

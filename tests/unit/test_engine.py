@@ -285,14 +285,16 @@ def test_chunked_prefill_matches_a_lone_generate(stand_in, name, chunk):
     assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan, engine))
 
 
-def test_chunks_sized_to_a_time_budget_keep_the_tokens_and_follow_the_measured_cost(stand_in, monkeypatch):
+@pytest.mark.parametrize("budget", [1e-6, 1e6])
+def test_chunks_sized_to_a_time_budget_keep_the_tokens_and_follow_the_measured_cost(stand_in, monkeypatch, budget):
     """With a budget, each chunk's size comes from the last piece's measured time (runtime.engine.chunking):
-    a budget far below what a token costs gives the smallest chunks; the tokens stay a lone generate's."""
+    a budget far below what a token costs gives the smallest chunks, one far above it prefill_chunk's; the
+    tokens stay a lone generate's."""
     import runtime.engine.runner
     from runtime.engine.chunking import MIN_CHUNK
 
     bundle = stand_in("tiny-gemma3")
-    engine = _engine(bundle, prefill_chunk=12, prefill_budget=1e-6)
+    engine = _engine(bundle, prefill_chunk=12, prefill_budget=budget)
     pieces = []
     real = runtime.engine.runner.Runner.prefill
     monkeypatch.setattr(
@@ -303,9 +305,11 @@ def test_chunks_sized_to_a_time_budget_keep_the_tokens_and_follow_the_measured_c
     long = [(p.start, p.end) for p in pieces if p.state.request.prompt_len == 40]
     assert long[0][0] == 0 and long[-1][1] == 39
     assert all(end == start for (_, end), (start, _) in zip(long, long[1:], strict=False))  # in order, no gap
-    # once the short request decodes, the long prompt goes MIN_CHUNK tokens at a time (its last piece the rest)
-    assert {end - start for start, end in long[1:-1]} == {MIN_CHUNK}
-    assert engine.prefill_chunk == 12 and engine.prefill_budget == 1e-6
+    # once the short request decodes, the long prompt goes MIN_CHUNK (or 12) tokens at a time, its last
+    # piece the rest
+    assert len(long) >= 3 and {end - start for start, end in long[1:-1]} == {MIN_CHUNK if budget < 1 else 12}
+    assert engine.prefill_chunk == 12 and engine.prefill_budget == budget
+    assert engine.chunks.last is not None and engine.chunks.last[0] == long[-1][1] - long[-1][0]  # measured
 
 
 def test_a_long_prompt_is_prefilled_between_decode_steps(stand_in):
@@ -385,7 +389,9 @@ def test_a_request_left_alone_in_a_high_row_moves_down_and_steps_the_batch_1_gra
     rt.decode.step = lambda *inputs: stepped.append(inputs[0].shape[0]) or step(*inputs)
     short, long = _prompts(rt, [5, 7])
     plan = [(short, GREEDY | {"max_new_tokens": 4, "min_new_tokens": 4}, None), (long, GREEDY, None)]
-    assert_each_matches_lone_generate(rt.model, plan, _staggered(rt, plan))
+    with rt.engine.together():  # admitted in one iteration: they share steps whatever the threads' timing
+        handles = [_submit(rt, inputs, **options) for inputs, options, _ in plan]
+    assert_each_matches_lone_generate(rt.model, plan, [_collect(h) for h in handles])
     assert 2 in stepped and stepped[-1] == 1 and stepped.count(1) > GREEDY["max_new_tokens"] // 2
 
 

@@ -126,6 +126,35 @@ def test_max_queue_zero_with_ray_is_refused_before_loading(tmp_path, capsys):
     assert "--max-queue 0 (no request waits) has no Ray Serve equivalent" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--prefill-chunk", "0", "--prefill-budget", "2"],
+            "--prefill-budget 2 sizes prefill chunks, and --prefill-chunk",
+        ),
+        (["--prefill-budget", "-1"], "--prefill-budget must be a number of decode steps >= 0 (0: fixed chunks)"),
+        (["--prefill-chunk", "-4"], "--prefill-chunk must be a number of tokens >= 0 (0: whole prompts), got -4"),
+    ],
+)
+def test_serve_prefill_flags_are_refused_by_name_before_loading(tmp_path, capsys, flags, message):
+    from runtime.cli import main
+
+    assert main(["serve", str(tmp_path / "absent"), *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_serve_prefill_flags_become_load_options():
+    """0 turns each off; the budget applies only to chunks; without --prefill-budget, chunks get the default."""
+    from runtime.cli import _prefill_options
+    from runtime.serve.config import PREFILL_BUDGET
+
+    assert _prefill_options(64, None) == {"prefill_chunk": 64, "prefill_budget": PREFILL_BUDGET}
+    assert _prefill_options(64, 0) == {"prefill_chunk": 64, "prefill_budget": None}
+    assert _prefill_options(0, None) == _prefill_options(0, 0) == {"prefill_chunk": None, "prefill_budget": None}
+    assert _prefill_options(16, 2.5) == {"prefill_chunk": 16, "prefill_budget": 2.5}
+
+
 def test_stop_strings_are_bounded_in_number_and_length():
     """A 1-million-character stop string took 16 s and 2.7 GB to match; both bounds are the server's
     flags (--max-stops, --max-stop-chars)."""

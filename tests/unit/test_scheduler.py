@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from runtime.engine.scheduler import Lease, Scheduler
+from runtime.engine.scheduler import SOLO_CHUNK, Lease, Scheduler
 from runtime.engine.status import Status
 from runtime.errors import EngineClosedError, QueueFullError, RuntimeBusyError
 
@@ -106,8 +106,6 @@ def test_text_prompts_are_prefilled_in_chunks_and_then_decode():
 
 def test_with_no_other_request_decoding_a_prompt_goes_in_chunks_of_solo_chunk():
     """Chunks are for the other requests' sake: alone, a prompt goes in far larger ones (faster in all)."""
-    from runtime.engine.scheduler import SOLO_CHUNK
-
     s = Scheduler(rows=2, busy_timeout=300, prefill_chunk=4)
     r = Req(prompt=SOLO_CHUNK + 11)
     s.add(r)
@@ -132,16 +130,34 @@ def test_a_prompt_with_images_is_prefilled_whole_and_one_ending_in_an_image_toke
     assert [(p.start, p.end) for p in s.plan(now=0).prefill] == [(0, 7)]
 
 
-def test_each_iteration_gives_new_requests_their_first_chunk_and_the_oldest_pending_one_more():
-    s = Scheduler(rows=3, busy_timeout=300, prefill_chunk=2)
+def test_while_others_decode_one_prompt_goes_in_an_iteration_the_oldest_first():
+    """A chunk bounds the others' stall only if it is the iteration's only one: prompts arriving
+    together go in one after another, not a chunk each per iteration."""
+    s = Scheduler(rows=4, busy_timeout=300, prefill_chunk=2)
     _decoding(s)
-    old = Req(prompt=9)
+    old = Req(prompt=5)
     s.add(old)
     _run_prefill(s, s.plan(now=0))  # old: [0, 2)
+    new, newer = Req(prompt=5), Req(prompt=5)
+    s.add(new)
+    s.add(newer)
+    pieces = []
+    while old.status is Status.PREFILLING or new.status is Status.PREFILLING or newer.status is Status.PREFILLING:
+        plan = s.plan(now=1)
+        pieces.append([(p.state, p.start, p.end) for p in plan.prefill])
+        _run_prefill(s, plan)
+    assert pieces == [[(old, 2, 4)], [(new, 0, 2)], [(new, 2, 4)], [(newer, 0, 2)], [(newer, 2, 4)]]
+
+
+def test_with_none_decoding_each_new_request_gets_its_first_chunk_and_the_oldest_pending_one_more():
+    s = Scheduler(rows=3, busy_timeout=300, prefill_chunk=2)
+    old = Req(prompt=SOLO_CHUNK + 9)
+    s.add(old)
+    _run_prefill(s, s.plan(now=0))  # old: [0, SOLO_CHUNK)
     new = Req(prompt=9)
     s.add(new)
     plan = s.plan(now=1)
-    assert [(p.state, p.start, p.end) for p in plan.prefill] == [(new, 0, 2), (old, 2, 4)]
+    assert [(p.state, p.start, p.end) for p in plan.prefill] == [(new, 0, 8), (old, SOLO_CHUNK, SOLO_CHUNK + 8)]
 
 
 def test_cancelled_requests_are_released_or_dropped_and_their_rows_reused():
