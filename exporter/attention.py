@@ -4,14 +4,22 @@ Owns: the candidates, timing them on the build machine in the bundle's dtype, an
 chosen one while the step is traced. The candidates:
 - "sdpa": torch's scaled_dot_product_attention, as transformers calls it. Traced with a dynamic batch
   and span, it takes SDPA's math path, which Inductor generates as loops of its own.
-- "flash": ATen's CPU flash kernel called directly, in the bundle's dtype. For float32 bundles it is
-  taken untimed: with the math path a batch-8 float32 bundle of Gemma 3 270M stepped in 72 ms at batch 1
-  and 260 at batch 8, with the flash kernel in 64 and 156 (AMD EPYC, AVX2).
+- "flash": ATen's CPU flash kernel called directly, in the bundle's dtype.
 - "flash-fp32": the same kernel in float32 over float32 copies of q, k and v, the result cast back.
   On CPUs without native bf16 arithmetic torch's bf16 attention ran 6-9x slower than its fp32 one
   (AMD EPYC, AVX2: 720 us against 76 per layer at 512 slots), so reading bf16 storage and computing in
   fp32 wins there; where bf16 is native (AVX512-BF16, AMX) it need not. Hence the timing.
+- "grouped": the flash kernel with each key/value head's query heads (and a verify step's tokens) as
+  the query rows of that one head. Called with the model's query heads, the flash kernel reads a
+  key/value head once per query head: 4 times for Gemma 3's 4 query heads a KV head, which past L2 costs
+  4x the bytes (float32, 2 threads, Intel Xeon, a layer: 429 against 165 us at 2,048 slots and 1 row,
+  3,037 against 1,156 at 8 rows, 47 against 23 at 64 slots and 8 rows; 15 against 14 at 64 and 1).
 Every candidate computes the same attention up to summation order; the parity gate checks the winner.
+Float32 bundles time flash and grouped (SDPA's math path is no candidate there: Inductor's loops made a
+batch-8 float32 bundle of Gemma 3 270M step in 72 ms at batch 1 and 260 at batch 8, against 64 and 156
+with the flash kernel, AMD EPYC, AVX2); half precision times all four. Each candidate is timed at one
+row and at the bundle's batch, over TIMED_SPAN slots, and the least total wins. `--decode-attention`
+takes one untimed instead.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from exporter.timing import median_seconds
 from runtime.compat import float_environment_kept
 from runtime.format.manifest import DecodeAttention
 
-SDPA, FLASH, FLASH_FP32 = "sdpa", "flash", "flash-fp32"
+SDPA, FLASH, FLASH_FP32, GROUPED = "sdpa", "flash", "flash-fp32", "grouped"
+KERNELS = (SDPA, FLASH, FLASH_FP32, GROUPED)  # --decode-attention's choices besides "auto" (exporter.names)
 TIMED_SPAN = 1024  # cache indices the candidates attend to when timed (or the whole cache, if shorter)
 
 
@@ -49,20 +58,44 @@ def flash_fp32(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     return out.transpose(1, 2).contiguous(), None
 
 
-FUNCTIONS = {FLASH: flash, FLASH_FP32: flash_fp32}  # SDPA: transformers' own
+def grouped(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """The flash kernel with each key/value head's G query heads (and a verify step's T tokens) as the
+    G * T query rows of that one head, so each key and value is read once, not once a query head.
+    query (B, H, T, D), key and value (B, KV, S, D) with H = KV * G (transformers' grouping: query head h
+    reads key/value head h // G); the mask (B or 1, 1 or H, T, S)."""
+    b, heads, t, d = query.shape
+    kv = key.shape[1]
+    g = heads // kv
+    mask = _additive(attention_mask, query.dtype)
+    if mask is not None:  # rows in (G, T) order, as the queries': (B', 1, T, S) repeated G times, or per head
+        mask = mask.repeat(1, 1, g, 1) if mask.shape[1] == 1 else mask.reshape(mask.shape[0], kv, g * t, -1)
+    out = compat.cpu_flash_attention(query.reshape(b, kv, g * t, d), key, value, mask, scaling)  # (B, KV, G*T, D)
+    out = out.reshape(b, kv, g, t, d).permute(0, 3, 1, 2, 4)  # (B, T, KV, G, D): head kv * G + g
+    return out.reshape(b, t, heads, d), None  # (B, T, H, D), as transformers' attention returns
 
 
-def choose(model, dtype: str, device: str, attention: str, max_cache_len: int, options: dict, log=print):
+FUNCTIONS = {FLASH: flash, FLASH_FP32: flash_fp32, GROUPED: grouped}  # SDPA: transformers' own
+
+
+def choose(
+    model, dtype: str, device: str, attention: str, max_cache_len: int, options: dict, log=print,
+    batch: int = 1, kernel: str = "auto",
+):  # fmt: skip
     """The manifest's DecodeAttention: None where the model's own attention is kept (GPU bundles, models
-    on eager attention); "flash" for float32; for half precision, the fastest candidate on this machine."""
+    on eager attention); `kernel` untimed if one is named; else the candidates for `dtype` timed here at
+    one row and at `batch` rows, the least total kept."""
     if device != "cpu" or attention != "sdpa":
         return None
-    if dtype == "float32":
-        return DecodeAttention(FLASH, {}, 0)
+    if kernel != "auto":
+        return DecodeAttention(kernel, {}, 0)
     span = min(max_cache_len, TIMED_SPAN)
-    args = _example(model, getattr(torch, dtype), span)
-    timed = {name: round(_seconds(name, args, options) * 1e6, 1) for name in (SDPA, FLASH, FLASH_FP32)}
-    log("decode attention over " + f"{span} slots: " + ", ".join(f"{k} {v:.0f} us" for k, v in timed.items()))
+    names = (FLASH, GROUPED) if dtype == "float32" else KERNELS
+    batches = sorted({1, batch})
+    timed = {
+        name: round(_seconds(name, model, getattr(torch, dtype), span, batches, options) * 1e6, 1) for name in names
+    }
+    rows = " + ".join(f"{b} row{'s' * (b > 1)}" for b in batches)
+    log(f"decode attention over {span} slots, {rows}: " + ", ".join(f"{k} {v:.0f} us" for k, v in timed.items()))
     return DecodeAttention(min(timed, key=timed.get), timed, span)
 
 
@@ -73,20 +106,22 @@ def installed(model, choice: DecodeAttention | None):
     return compat.attention_installed(model, f"aotpack_{choice.chosen}", FUNCTIONS[choice.chosen])
 
 
-def _example(model, dtype: torch.dtype, span: int) -> tuple:
-    """One decode query over `span` cached keys of the model's attention shape (batch 1)."""
+def _example(model, dtype: torch.dtype, span: int, batch: int) -> tuple:
+    """`batch` rows' decode queries over `span` cached keys each, of the model's attention shape."""
     config = model.config.get_text_config()
     kv_heads, head_dim = compat.head_shapes(config)
     kv_heads = kv_heads[0] if isinstance(kv_heads, list) else kv_heads
     head_dim = head_dim[0] if isinstance(head_dim, list) else head_dim
-    q = torch.randn(1, config.num_attention_heads, 1, head_dim).to(dtype)
-    k, v = (torch.randn(1, kv_heads, span, head_dim).to(dtype) for _ in range(2))
-    return q, k, v, torch.ones(1, 1, 1, span, dtype=torch.bool)
+    q = torch.randn(batch, config.num_attention_heads, 1, head_dim).to(dtype)
+    k, v = (torch.randn(batch, kv_heads, span, head_dim).to(dtype) for _ in range(2))
+    return q, k, v, torch.ones(batch, 1, 1, span, dtype=torch.bool)
 
 
-def _seconds(name: str, args: tuple, options: dict) -> float:
-    """One candidate's median call, compiled as the bundle compiles (dynamic shapes, its Inductor options)."""
-    scale = args[0].shape[-1] ** -0.5
+def _seconds(name: str, model, dtype: torch.dtype, span: int, batches: list[int], options: dict) -> float:
+    """One candidate's median calls at each of `batches` rows, summed, compiled as the bundle compiles
+    (dynamic shapes, its Inductor options)."""
+    examples = [_example(model, dtype, span, b) for b in batches]
+    scale = examples[0][0].shape[-1] ** -0.5
     if name == SDPA:
 
         def fn(q, k, v, m):
@@ -99,4 +134,4 @@ def _seconds(name: str, args: tuple, options: dict) -> float:
     torch.compiler.reset()
     compiled = torch.compile(fn, dynamic=True, fullgraph=True, options=options)
     with torch.inference_mode(), float_environment_kept():
-        return median_seconds(compiled, *args, repeats=15)
+        return sum(median_seconds(compiled, *args, repeats=15) for args in examples)

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from exporter.names import GEMV_POLICIES, PRESET_NAMES, REAL_CHECKPOINTS
+from exporter.names import ATTENTION_KERNELS, GEMV_POLICIES, PRESET_NAMES, REAL_CHECKPOINTS
 from runtime.cli import Formatter, add_commands, add_version, dispatch, quiet
 
 
@@ -85,6 +85,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         choices=GEMV_POLICIES,
         default="tune",
         help="decode-step GEMV kernels: time the candidates on this machine, or take one family untimed",
+    )
+    e.add_argument(
+        "--decode-attention",
+        choices=ATTENTION_KERNELS,
+        default="auto",
+        help="decode-step attention kernel (CPU bundles of SDPA models): time the candidates on this machine, "
+        "or take one untimed",
     )
     e.add_argument("--no-accuracy", action="store_true", help="skip scoring a reduced-precision bundle against float32")
     e.add_argument(
@@ -269,6 +276,7 @@ def _export(args) -> int:
         scale_search=args.scale_search,
         accuracy=not args.no_accuracy,
         gemv=args.gemv,
+        decode_attention=args.decode_attention,
         sign_key=args.sign_key,
         onnx=args.onnx,
         generation=generation.parse(args.generation),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exporter import generation
-from exporter.names import GEMV_POLICIES
+from exporter.names import ATTENTION_KERNELS, GEMV_POLICIES
 from runtime.errors import ExportError
 from runtime.format.files import MANIFEST
 from runtime.format.manifest import DEVICES, DTYPES, MAX_DRAFT_TOKENS, RECIPES, SCALE_SEARCHES
@@ -43,6 +43,8 @@ class ExportConfig:
     scale_search: str = "mse"  # int4: scales and mins fitted per group (exporter.scales), or each group's range
     accuracy: bool = True  # score a reduced-precision bundle against its float32 model
     gemv: str = "tune"  # "tune": time each weight shape's kernels here; "aten"/"reduce"/"dense": one, untimed
+    # the decode step's attention kernel (exporter.attention): "auto" times the candidates here; or one, untimed
+    decode_attention: str = "auto"
     sign_key: Path | None = None  # elliptic-curve private key (PEM): sign the bundle (runtime.format.signing)
     onnx: bool = False  # also write decode.onnx, the same step for ONNX Runtime (runtime.backends.onnxruntime)
     generation: tuple[tuple[str, object], ...] = ()  # defaults over the checkpoint's (exporter.generation)
@@ -78,6 +80,15 @@ class ExportConfig:
             raise ExportError(
                 f"--generation max_new_tokens={longest} does not fit --max-cache-len {self.max_cache_len} with any "
                 "prompt; lower it or raise the cache"
+            )
+        if self.decode_attention not in ATTENTION_KERNELS:
+            raise ExportError(
+                f"--decode-attention {self.decode_attention!r} is not supported; choose one of {ATTENTION_KERNELS}"
+            )
+        if self.decode_attention != "auto" and self.device != "cpu":
+            raise ExportError(
+                f"--decode-attention {self.decode_attention} picks a CPU kernel; --device {self.device} bundles keep "
+                "the model's own attention: drop the option"
             )
         if self.gemv not in GEMV_POLICIES:
             raise ExportError(f"--gemv {self.gemv!r} is not supported; choose one of {GEMV_POLICIES}")

@@ -205,13 +205,19 @@ def _finish(config, staging: Path, manifest: Manifest, model, ref, start: float)
 
 
 def _attention(model, config: ExportConfig, attention: str, options: dict, progress: Progress):
-    """The decode step's attention kernel (exporter.attention): timed on this machine for half precision."""
-    timed = config.device == "cpu" and attention == "sdpa" and config.dtype != "float32"
+    """The decode step's attention kernel (exporter.attention): timed on this machine unless named."""
+    if config.decode_attention != "auto" and attention != "sdpa":
+        raise ExportError(
+            f"--decode-attention {config.decode_attention} replaces SDPA, and this model runs {attention!r} "
+            "attention (transformers' choice for its family, e.g. for attention soft-capping); drop the option"
+        )
+    timed = config.device == "cpu" and attention == "sdpa" and config.decode_attention == "auto"
     stage = progress.stage("attention", "timing the decode attention kernels") if timed else nullcontext()
     with stage:
         return decode_attention.choose(
-            model, config.dtype, config.device, attention, config.max_cache_len, options, progress.log
-        )
+            model, config.dtype, config.device, attention, config.max_cache_len, options, progress.log,
+            batch=config.batch_size, kernel=config.decode_attention,
+        )  # fmt: skip
 
 
 def _lowerings(config: ExportConfig, shapes, options: dict, batch: int, progress: Progress, dense: bool):

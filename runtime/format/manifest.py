@@ -161,7 +161,7 @@ class DecodeGraph:
 class DecodeAttention:
     """The build-time choice of the decode step's attention kernel (CPU bundles of SDPA models)."""
 
-    chosen: str  # "sdpa", "flash" or "flash-fp32" (exporter.attention)
+    chosen: str  # "sdpa", "flash", "flash-fp32" or "grouped" (exporter.attention)
     us_per_call: dict[str, float]  # each candidate's time per layer call on the build machine; {} untimed
     span: int  # cache indices the candidates attended to when timed (0: untimed)
 

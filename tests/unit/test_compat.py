@@ -64,11 +64,13 @@ def test_special_tokens_are_read_from_what_transformers_sets():
     assert all(hasattr(config, name) for name in compat.SET_BY_TRANSFORMERS)
 
 
+@pytest.mark.parametrize("kernel", ["flash", "grouped"])
 @pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-llama"])
-def test_decode_attention_is_atens_cpu_flash_kernel_with_a_dynamic_batch(checkpoint, name):
+def test_decode_attention_is_the_chosen_kernel_with_a_dynamic_batch(checkpoint, name, kernel):
     """Traced with a dynamic batch, SDPA fell to its math path (Inductor loops: a batch-8 bundle's step
-    took 2x a batch-1 bundle's at batch 1). The decode graph calls the flash kernel itself, computes what
-    SDPA computes, and the model's attention implementation is restored after the trace."""
+    took 2x a batch-1 bundle's at batch 1). The decode graph calls the chosen kernel instead (the flash
+    kernel itself, or the grouped matmuls), computes what SDPA computes, and the model's attention
+    implementation is restored after the trace."""
     import torch
 
     from exporter import attention
@@ -85,13 +87,17 @@ def test_decode_attention_is_atens_cpu_flash_kernel_with_a_dynamic_batch(checkpo
         t.normal_()
     with torch.inference_mode():
         expected = step(*inputs)
-        with attention.installed(model, DecodeAttention(attention.FLASH, {}, 0)):
+        with attention.installed(model, DecodeAttention(kernel, {}, 0)):
             got = step(*inputs)
             exported = export_decode(step, contract)
     assert compat.attention_implementation(model.config) == "sdpa"
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
-    calls = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
-    assert sum("_scaled_dot_product_flash_attention_for_cpu" in c for c in calls) == len(layout)
+    flash = [n for n in exported.graph.nodes if "_scaled_dot_product_flash_attention_for_cpu" in str(n.target)]
+    assert len(flash) == len(layout)
+    # grouped: each call's query heads are the key/value heads (their query heads are its rows)
+    heads = {n.args[0].meta["val"].shape[1] for n in flash}
+    config = model.config.get_text_config()
+    assert heads == {config.num_key_value_heads if kernel == "grouped" else config.num_attention_heads}
 
 
 def test_each_graphs_compiled_files_are_kept_with_its_own_metadata(tmp_path):

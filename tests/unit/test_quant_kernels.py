@@ -108,6 +108,8 @@ def test_float_decode_kernels_compute_linear():
         ({"quantize": "int4", "recipe": "q4_k_m"}, "--recipe 'q4_k_m'"),
         ({"quantize": "int4", "scale_search": "hqq"}, "--scale-search 'hqq'"),
         ({"quantize": "int8", "quant_kernels": "integer", "device": "cuda"}, "use --quant-kernels inductor"),
+        ({"decode_attention": "paged"}, "--decode-attention 'paged' is not supported"),
+        ({"decode_attention": "grouped", "device": "cuda"}, "--decode-attention grouped picks a CPU kernel"),
     ],
 )
 def test_bad_quantization_options_are_refused_before_loading(options, message, tmp_path):
