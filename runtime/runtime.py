@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import weakref
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from runtime.engine.engine import Engine
 from runtime.engine.handle import Handle
 from runtime.engine.openmp import release_team
 from runtime.engine.request import Request
+from runtime.engine.sampling import checked_sampler
 from runtime.errors import InvalidInputError
 from runtime.format.contract import DecodeContract
 from runtime.format.reader import open_private
@@ -155,13 +157,24 @@ class Runtime:
         return self.validator.request(input_ids, attention_mask, generator, **kwargs)
 
     def submit(
-        self, input_ids, attention_mask=None, generator=None, want_logits=False, max_waiting=None, **kwargs
+        self,
+        input_ids,
+        attention_mask=None,
+        generator=None,
+        want_logits=False,
+        max_waiting=None,
+        sampler="hf",
+        **kwargs,
     ) -> Handle:
         """Validate a request and queue it on the engine; returns at once. Iterate the handle for
         (token ids (B,), logits (B, vocab) or None) per step, or `cancel()` it. Any thread may submit:
         requests share the compiled step (continuous batching) and each keeps its own options. With
-        `max_waiting`, QueueFullError when that many requests already wait for cache rows."""
-        request = self.request(input_ids, attention_mask, generator, **kwargs)
+        `max_waiting`, QueueFullError when that many requests already wait for cache rows. `sampler`:
+        "hf" draws what `generate` draws (a seed reproduces HF's samples), "top-k" draws among the top-k
+        warper's survivors, the same distribution without a vocabulary-wide sort and draw per token
+        (runtime.engine.sampling)."""
+        sampler = checked_sampler(sampler)
+        request = replace(self.request(input_ids, attention_mask, generator, **kwargs), sampler=sampler)
         return self.engine.submit(request, want_logits, max_waiting)
 
     def iter_steps(self, input_ids, attention_mask=None, generator=None, **kwargs):
@@ -183,15 +196,15 @@ class Runtime:
         request = self.request(input_ids, attention_mask, generator, **kwargs)
         return collect(self.engine.submit(request, want_logits=bool(request.config.output_logits)), streamer)
 
-    def session(self, system: str | None = None, drop_oldest: bool = False, parse_special: bool = False):
+    def session(self, system: str | None = None, drop_oldest: bool = False, parse_special: bool = False, sampler="hf"):
         """A multi-turn chat that keeps its KV cache between turns (runtime.session): each `send` prefills
         only the tokens the chat template added since the last turn. It holds one cache row until
         closed. `drop_oldest`: when the conversation would overflow the cache, drop the oldest turns
         instead of raising CacheOverflowError. `parse_special`: control-token strings in messages act as
-        control tokens (by default they stay text: runtime.inputs.chat_inputs)."""
+        control tokens (by default they stay text: runtime.inputs.chat_inputs). `sampler`: as `submit`'s."""
         from runtime.session import Session
 
-        return Session(self, system, drop_oldest, parse_special)
+        return Session(self, system, drop_oldest, parse_special, sampler)
 
     def stream(self, input_ids, attention_mask=None, generator=None, **kwargs) -> Iterator[str]:
         """Yield decoded text pieces of a single sequence as they are produced."""

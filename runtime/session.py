@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from runtime.engine.prefix import reusable
+from runtime.engine.sampling import checked_sampler
 from runtime.errors import CacheOverflowError, InvalidInputError
 from runtime.generation.outputs import streamed
 from runtime.inputs import chat_inputs, conversation, user_message
@@ -43,9 +44,12 @@ class Session:
     """A conversation over one cache row of a Runtime. Use as a context manager, or `close()` it: the
     row is the session's until then."""
 
-    def __init__(self, rt, system: str | None = None, drop_oldest: bool = False, parse_special: bool = False):
+    def __init__(
+        self, rt, system: str | None = None, drop_oldest: bool = False, parse_special: bool = False, sampler="hf"
+    ):
         self.rt = rt
         self.system = system
+        self.sampler = checked_sampler(sampler)  # how sampled tokens are drawn (runtime.engine.sampling)
         self.parse_special = parse_special  # control-token strings in messages act as control tokens
         self.drop_oldest = drop_oldest  # when the cache would overflow: drop the oldest turns, or refuse
         self.messages: list[dict] = []
@@ -103,7 +107,7 @@ class Session:
         dropped = 0
         while True:
             try:
-                return self.rt.request(**self._inputs(), **generate_kwargs), dropped
+                return replace(self.rt.request(**self._inputs(), **generate_kwargs), sampler=self.sampler), dropped
             except CacheOverflowError:
                 if not (self.drop_oldest and self._drop_oldest_turn()):
                     raise

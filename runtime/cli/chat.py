@@ -103,7 +103,7 @@ def chat(config: ChatConfig, out=sys.stdout) -> int:
     print(f"{_help(rt)}; Ctrl-C stops a reply, Ctrl-D exits.", file=out, flush=True)
     config = replace(config, sampling=sampling)
     history = _readline(config.history)
-    with rt.session(system=config.system, drop_oldest=config.drop_oldest) as session:
+    with rt.session(system=config.system, drop_oldest=config.drop_oldest, sampler="top-k") as session:
         while True:
             try:  # Ctrl-C while typing (or between turns) clears the line; during a reply _turn stops it
                 line = _read()

@@ -100,7 +100,13 @@ def run(config: RunConfig, out=None) -> dict:
     generator = torch.Generator(rt.contract.device).manual_seed(config.seed) if config.seed is not None else None
     start = time.perf_counter()
     stamps = []
-    handle = rt.submit(**inputs, max_new_tokens=config.max_new_tokens, generator=generator, **config.options)
+    handle = rt.submit(
+        **inputs,
+        max_new_tokens=config.max_new_tokens,
+        generator=generator,
+        sampler="top-k" if generator is None else "hf",  # --seed: generate's own draws, as HF samples them
+        **config.options,
+    )
     for piece in _timed_text(rt.tokenizer, handle.tokens(), stamps):
         out.write(piece)
         out.flush()

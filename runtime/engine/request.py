@@ -31,7 +31,7 @@ from transformers.generation.stopping_criteria import (
 )
 
 from runtime.engine.prefix import image_digests
-from runtime.engine.sampling import next_token, probabilities
+from runtime.engine.sampling import at_top_k, next_token, probabilities, sample_top_k
 from runtime.engine.speculation import rejection_sample
 from runtime.engine.status import FinishReason, Status
 
@@ -67,6 +67,9 @@ class Request:
     # num_return_sequences of a text prompt: each prompt row is repeated `copies` times in a row, and the
     # engine prefills one of each and copies its cache (runtime.engine.runner.Runner.prefill)
     copies: int = 1
+    # how a sampled token is drawn (runtime.engine.sampling): "hf", generate's own draws; "top-k", among the
+    # top-k warper's survivors (the same distribution, without a 262k-vocabulary sort and draw)
+    sampler: str = "hf"
 
     @property
     def keeps_scores(self) -> bool:
@@ -112,6 +115,9 @@ class RequestState:
         self.stream: queue.SimpleQueue = queue.SimpleQueue()  # (tokens (b,), logits or None) per step, then _END
         self.finished = threading.Event()
         self.drafter = None  # runtime.engine.speculation.Drafter when it drafts tokens (the engine sets it)
+        # (processors before HF's top-k, k, the rest) when it samples among the survivors (Request.sampler)
+        sampled = request.sampler == "top-k" and request.config.do_sample and not request.keeps_scores
+        self.survivors = at_top_k(request.processors) if sampled else None
 
     # ---- what the scheduler plans with: plain numbers ----
     @property
@@ -150,11 +156,15 @@ class RequestState:
         # A processor may write its input in place; the raw logits need a copy only if the caller gets
         # them (a 262k-vocabulary copy cost 1-5 ms a token, as much as the rest of the engine)
         protect = bool(r.processors) and self.want_logits
-        scores = r.processors(self.history, logits.clone() if protect else logits)  # (b, vocab)
-        if draft is not None and r.config.do_sample:
-            token = rejection_sample(probabilities(scores), draft, r.generator)
+        logits = logits.clone() if protect else logits
+        if self.survivors is not None and draft is None:
+            scores, token = self._sample_survivors(logits)
         else:
-            token = argmax if argmax is not None else next_token(scores, r.config.do_sample, r.generator)
+            scores = r.processors(self.history, logits)  # (b, vocab)
+            if draft is not None and r.config.do_sample:
+                token = rejection_sample(probabilities(scores), draft, r.generator)
+            else:
+                token = argmax if argmax is not None else next_token(scores, r.config.do_sample, r.generator)
         if self.pads:
             token = torch.where(self.unfinished, token, torch.full_like(token, r.pad_id))  # (b,)
         self.history = torch.cat([self.history, token[:, None]], dim=-1)
@@ -165,6 +175,17 @@ class RequestState:
         if self.steps >= r.config.max_new_tokens:
             self._end_rows(FinishReason.LENGTH)
         return token
+
+    def _sample_survivors(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits (b, vocab) -> (the scores before top-k, token ids (b,)) drawn among the top-k warper's
+        survivors; a tie at the k-th score takes generate's own draw (runtime.engine.sampling)."""
+        head, k, rest = self.survivors
+        scores = head(self.history, logits)  # (b, vocab)
+        token = sample_top_k(scores, k, rest, self.history, self.request.generator)
+        if token is None:
+            scores = rest(self.history, scores)
+            token = next_token(scores, True, self.request.generator)
+        return scores, token
 
     def put(self, token: torch.Tensor, logits: torch.Tensor) -> None:
         """Hand a step's tokens (b,) (and its raw logits, if the caller wants them) to the caller."""

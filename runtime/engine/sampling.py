@@ -1,15 +1,36 @@
 """Choosing the next token: pure functions over logits, randomness only through an explicit generator.
 
-Owns: greedy and multinomial choice. The logits processors that run before it are transformers' own
-(runtime.compat.logits_processors), so temperature, top-k, top-p, repetition penalty and friends mean
-exactly what they mean in `model.generate`.
+Owns: greedy and multinomial choice, and the two samplers a request can ask for (Request.sampler). The
+logits processors that run before it are transformers' own (runtime.compat.logits_processors), so
+temperature, top-k, top-p, repetition penalty and friends mean exactly what they mean in `model.generate`.
+
+- "hf" (rt.generate's default): the draws `generate` makes. torch.multinomial draws one exponential per
+  vocabulary entry and HF's top-p warper sorts the whole vocabulary, so at Gemma 3's 262k a sampled token
+  costs more than a decode step (see the README's sampling figures); in exchange `torch.manual_seed`
+  reproduces HF's samples.
+- "top-k" (serve's and the command line's, unless a seed asks for "hf"): when HF's TopKLogitsWarper is
+  in the list and only warpers that rank its survivors by value follow it (temperature, top-p, min-p),
+  those warpers run over the k survivors and the draw is among them. HF's top-k leaves exactly those k
+  tokens (with no tie at the k-th score) and -inf elsewhere, which the warpers after it and the softmax
+  give probability 0: the same distribution, up to float summation order, drawn with other random
+  numbers. A tie at the k-th score (HF keeps every tied token) takes the "hf" path for that step.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers.generation import LogitsProcessorList
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from runtime.errors import InvalidInputError
+
+SAMPLERS = ("hf", "top-k")
+_RANKING = (TemperatureLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)  # depend on the survivors' values only
 
 
 def greedy(scores: torch.Tensor) -> torch.Tensor:
@@ -40,3 +61,48 @@ def probabilities(scores: torch.Tensor) -> torch.Tensor:
 
 def next_token(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None) -> torch.Tensor:
     return sample(scores, generator) if do_sample else greedy(scores)
+
+
+def checked_sampler(sampler) -> str:
+    """A Request.sampler value, or InvalidInputError naming the choices."""
+    if sampler not in SAMPLERS:
+        raise InvalidInputError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r:.40}")
+    return sampler
+
+
+def at_top_k(processors: LogitsProcessorList) -> tuple[LogitsProcessorList, int, LogitsProcessorList] | None:
+    """processors as (those before HF's top-k warper, its k, it and those after it) when only warpers that
+    rank the survivors by value follow it; None when it is absent, or something else follows it."""
+    for i, p in enumerate(processors):
+        if isinstance(p, TopKLogitsWarper):
+            rest = processors[i + 1 :]
+            if p.filter_value != float("-inf") or not all(type(w) in _RANKING for w in rest):
+                return None
+            return LogitsProcessorList(processors[:i]), p.top_k, LogitsProcessorList(processors[i:])
+    return None
+
+
+def top_k_distribution(
+    scores: torch.Tensor, k: int, rest: LogitsProcessorList, history: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """scores (B, vocab), processed up to the top-k warper -> (token ids (B, k), their probabilities (B, k)):
+    `rest` (the top-k warper and the ranking warpers after it) over each row's k highest scores; None when
+    a tie at a row's k-th score would make HF keep more than k tokens."""
+    values, indices = torch.topk(scores, min(k, scores.shape[-1]))  # (B, k) each, highest first
+    kth = values[:, -1:]  # (B, 1); -inf: fewer than k tokens are possible, the rest have probability 0
+    if bool((torch.isfinite(kth[:, 0]) & ((scores >= kth).sum(-1) > values.shape[-1])).any()):
+        return None
+    return indices, probabilities(rest(history, values))  # HF's own warpers over the survivors
+
+
+def sample_top_k(
+    scores: torch.Tensor, k: int, rest: LogitsProcessorList, history: torch.Tensor, generator
+) -> torch.Tensor | None:
+    """scores (B, vocab), processed up to the top-k warper -> token ids (B,) drawn among the survivors
+    (top_k_distribution), or None on a tie at the k-th score."""
+    survivors = top_k_distribution(scores, k, rest, history)
+    if survivors is None:
+        return None
+    indices, probs = survivors
+    choice = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+    return indices.gather(1, choice).squeeze(1)

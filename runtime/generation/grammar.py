@@ -103,8 +103,8 @@ class GrammarProcessor(LogitsProcessor):
                     if not m.is_stopped():  # a finished row is padded after its eos
                         self._consume(m, token)
         self.seen = input_ids.shape[1]
-        allowed = torch.stack([_allowed(m.compute_bitmask(), scores.shape[-1]) for m in self.matchers])
-        return scores.masked_fill_(~allowed.to(scores.device), float("-inf"))  # (b, vocab), in place as HF's do
+        banned = _banned([m.compute_bitmask() for m in self.matchers], scores.shape[-1])  # (b, vocab)
+        return _forbid(scores, banned)  # in place, as HF's processors do
 
     @staticmethod
     def _consume(matcher, token: int) -> None:
@@ -112,8 +112,19 @@ class GrammarProcessor(LogitsProcessor):
             raise RuntimeError(f"token {token} left the grammar: {matcher.get_error()}")
 
 
-def _allowed(bitmask: bytes, vocab: int) -> torch.Tensor:
-    """llguidance's bitmask (a bit per token, lowest first, 32 to a little-endian int32) as a (vocab,)
-    bool tensor: numpy unpacks it in 0.09 ms at 262k tokens, torch shifts and masks in 0.7."""
-    bits = np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), bitorder="little")[:vocab]  # (vocab,) 0/1
-    return torch.from_numpy(bits.view(np.bool_))
+def _banned(bitmasks: list[bytes], vocab: int) -> np.ndarray:
+    """llguidance's bitmasks, one a row (a bit per allowed token, lowest first, 32 to a little-endian
+    int32), as a (rows, vocab) bool array that is True where the token is not allowed: one unpack for
+    every row."""
+    packed = np.frombuffer(b"".join(bitmasks), dtype=np.uint8).reshape(len(bitmasks), -1)  # (b, vocab / 8)
+    return np.unpackbits(~packed, axis=-1, bitorder="little")[:, :vocab].view(np.bool_)
+
+
+def _forbid(scores: torch.Tensor, banned: np.ndarray) -> torch.Tensor:
+    """scores (b, vocab) set to -inf where `banned`, in place. On the CPU through NumPy's masked copy: with
+    a bool tensor a row, stacked, inverted and given to torch's masked_fill_, a step's mask took 3.0 ms at
+    8 rows of 262k against 1.3 this way (the README's structured-output figures)."""
+    if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float16, torch.float64):
+        np.copyto(scores.numpy(), -np.inf, where=banned)
+        return scores
+    return scores.masked_fill_(torch.from_numpy(banned).to(scores.device), float("-inf"))

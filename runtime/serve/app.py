@@ -241,7 +241,8 @@ def _submit(app: FastAPI, body, build_inputs):
         inputs = build_inputs(rt)
         options, copies = n_choices(body, rt, generate_options(body, rt, inputs["input_ids"].shape[1]))
         wants = body.alternatives is not None  # logprobs: the raw logits come with each step's tokens
-        handle = rt.submit(**inputs, max_waiting=config.max_queue, want_logits=wants, **options)
+        sampler = "hf" if "generator" in options else "top-k"  # a seed asks for generate's own draws
+        handle = rt.submit(**inputs, max_waiting=config.max_queue, want_logits=wants, sampler=sampler, **options)
     except QueueFullError as e:
         raise ServeError(429, str(e), "rate_limit_error", {"Retry-After": "1"}) from None
     except EngineClosedError as e:

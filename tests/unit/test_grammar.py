@@ -87,3 +87,24 @@ def test_without_llguidance_the_message_names_the_extra(rt, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_llguidance)
     with pytest.raises(InvalidInputError, match=r"needs llguidance .*pip install 'aotpack\[grammar\]'"):
         rt.constrain("regex", "a+")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [64, 100, 257])
+def test_the_masks_bits_ban_exactly_the_tokens_llguidance_leaves_out(vocab, dtype):
+    """Each row's bitmask (a bit per allowed token, lowest first, 32 to a little-endian int32, the last
+    word partly past the vocabulary) sets exactly its disallowed scores to -inf, in place, whatever the
+    scores' dtype (bf16 takes torch's masked_fill_, float32 NumPy's masked copy)."""
+    from runtime.generation.grammar import _banned, _forbid
+
+    g = torch.Generator().manual_seed(vocab)
+    words = (vocab + 31) // 32
+    allowed = torch.rand(3, words * 32, generator=g) < 0.4  # (rows, words * 32); bits past vocab are noise
+    packed = (allowed.view(3, words, 32).long() << torch.arange(32)).sum(-1).to(torch.int64)  # (rows, words)
+    bitmasks = [row.to(torch.int64).numpy().astype("<u4").tobytes() for row in packed]
+    scores = torch.randn(3, vocab, generator=g).to(dtype)
+    before = scores.clone()
+    out = _forbid(scores, _banned(bitmasks, vocab))
+    assert out.data_ptr() == scores.data_ptr()
+    expected = before.masked_fill(~allowed[:, :vocab], float("-inf"))
+    assert torch.equal(out, expected)

@@ -1,0 +1,124 @@
+"""The "top-k" sampler (runtime.engine.sampling): HF's warpers over the top-k survivors give the distribution
+HF's warpers over the whole vocabulary give; the draws land where that distribution says; a tie at the
+k-th score, or a processor after top-k that is not a ranking warper, keeps generate's own path; and a
+request that asks for it draws among its step's top-k, reproducibly with a seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation import LogitsProcessorList
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+from runtime.engine.sampling import at_top_k, probabilities, sample_top_k, top_k_distribution
+from runtime.errors import InvalidInputError
+
+VOCAB = 1000
+HISTORY = torch.zeros(3, 4, dtype=torch.long)  # (B, S): what the processors see; these warpers ignore it
+
+
+def _warpers(k: int, top_p: float | None, min_p: float | None) -> LogitsProcessorList:
+    """As HF orders them when sampling: temperature, top-k, top-p, min-p."""
+    warpers = [TemperatureLogitsWarper(0.7), TopKLogitsWarper(k)]
+    warpers += [TopPLogitsWarper(top_p)] if top_p is not None else []
+    return LogitsProcessorList(warpers + ([MinPLogitsWarper(min_p)] if min_p is not None else []))
+
+
+def _full(survivors, vocab: int) -> torch.Tensor:
+    indices, probs = survivors
+    return torch.zeros(indices.shape[0], vocab, dtype=probs.dtype).scatter(1, indices, probs)  # (B, vocab)
+
+
+@pytest.mark.parametrize("k", [1, 5, 64])
+@pytest.mark.parametrize("top_p,min_p", [(None, None), (0.9, None), (0.5, None), (None, 0.1), (0.95, 0.05)])
+def test_the_survivors_distribution_is_hfs_over_the_whole_vocabulary(k, top_p, min_p):
+    warpers = _warpers(k, top_p, min_p)
+    head, top_k, rest = at_top_k(warpers)
+    scores = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(k)) * 3  # (B, vocab)
+    expected = probabilities(warpers(HISTORY, scores.clone()))  # (B, vocab)
+    got = _full(top_k_distribution(head(HISTORY, scores.clone()), top_k, rest, HISTORY), VOCAB)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_fewer_possible_tokens_than_k_keep_hfs_distribution():
+    """A grammar's mask leaves 3 tokens: the k-th score is -inf, and the -inf survivors get probability 0."""
+    warpers = _warpers(64, 0.9, None)
+    head, k, rest = at_top_k(warpers)
+    scores = torch.full((3, VOCAB), float("-inf"))
+    scores[:, [7, 300, 999]] = torch.tensor([1.0, 2.0, 0.5])
+    expected = probabilities(warpers(HISTORY, scores.clone()))
+    got = _full(top_k_distribution(head(HISTORY, scores.clone()), k, rest, HISTORY), VOCAB)
+    torch.testing.assert_close(got, expected)
+    assert set(got.nonzero()[:, 1].tolist()) <= {7, 300, 999}
+
+
+def test_a_tie_at_the_kth_score_is_left_to_hfs_path():
+    """HF's top-k keeps every token tied with the k-th score: more than k, so the survivors are not enough."""
+    scores = torch.arange(VOCAB, dtype=torch.float32).repeat(3, 1)  # (B, vocab)
+    scores[1, 10] = scores[1, VOCAB - 5]  # row 1: a token tied with its 5th highest
+    _, k, rest = at_top_k(_warpers(5, None, None))
+    assert top_k_distribution(scores, k, rest, HISTORY) is None
+    assert sample_top_k(scores, k, rest, HISTORY, None) is None
+    assert top_k_distribution(scores[[0, 2]], k, rest, HISTORY) is not None
+
+
+def test_draws_land_where_the_distribution_says():
+    """20,000 draws over 4 survivors of a 1,000-token vocabulary: each token's share within 5 sigma of its
+    probability, and no draw outside the survivors."""
+    warpers = _warpers(4, None, None)
+    head, k, rest = at_top_k(warpers)
+    scores = torch.full((1, VOCAB), -5.0)
+    scores[0, [3, 500, 501, 998]] = torch.tensor([0.0, 0.5, 1.0, 1.5])
+    p = probabilities(warpers(HISTORY[:1], scores.clone()))[0]  # (vocab,)
+    generator, n = torch.Generator().manual_seed(0), 20_000
+    headed = head(HISTORY[:1], scores).expand(n // 10, -1)  # (n / 10, vocab)
+    draws = torch.stack([sample_top_k(headed, k, rest, HISTORY[:1], generator) for _ in range(10)])
+    counts = torch.bincount(draws.flatten(), minlength=VOCAB).double()
+    assert set(counts.nonzero()[:, 0].tolist()) <= {3, 500, 501, 998}
+    sigma = (n * p * (1 - p)).double().sqrt()
+    survivors = [3, 500, 501, 998]
+    assert ((counts - n * p.double()).abs() <= 5 * sigma + 1e-9).all(), (counts[survivors], n * p[survivors])
+
+
+def test_only_ranking_warpers_may_follow_top_k():
+    plain = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(8), TopPLogitsWarper(0.9)])
+    head, k, rest = at_top_k(plain)
+    assert (list(head), k, list(rest)) == ([plain[0]], 8, [plain[1], plain[2]])
+    assert at_top_k(LogitsProcessorList([TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.9)])) is None
+    assert at_top_k(LogitsProcessorList([TopKLogitsWarper(8), TypicalLogitsWarper(0.9)])) is None
+    assert at_top_k(LogitsProcessorList([TopKLogitsWarper(8, filter_value=-1e4)])) is None
+
+
+@pytest.fixture(scope="module")
+def rt(eager_runtime):
+    return eager_runtime("tiny-llama", rows=4, cache=64)
+
+
+def _sampled(rt, sampler: str, seed: int, **options) -> list[tuple[int, torch.Tensor]]:
+    prompt = torch.tensor([[2, 40, 41, 42, 43]])  # (1, 5)
+    generator = torch.Generator().manual_seed(seed)
+    handle = rt.submit(prompt, generator=generator, want_logits=True, sampler=sampler, do_sample=True, **options)
+    return [(int(token[0]), logits[0]) for token, logits in handle]
+
+
+def test_a_top_k_request_draws_among_each_steps_top_k_reproducibly(rt):
+    steps = _sampled(rt, "top-k", 3, top_k=3, max_new_tokens=24)
+    assert len(steps) == 24
+    for token, logits in steps:  # (vocab,) raw: temperature 1, no other processor, so the top 3 are these
+        assert token in logits.topk(3).indices.tolist()
+    assert [t for t, _ in _sampled(rt, "top-k", 3, top_k=3, max_new_tokens=24)] == [t for t, _ in steps]
+    draws = {tuple(t for t, _ in _sampled(rt, "top-k", seed, top_k=3, max_new_tokens=8)) for seed in range(6)}
+    assert len(draws) > 1  # it samples
+
+
+def test_an_unknown_sampler_is_refused_by_name(rt):
+    with pytest.raises(InvalidInputError, match=r"sampler must be one of hf, top-k, got 'fast'"):
+        rt.submit(torch.tensor([[2, 40]]), sampler="fast", max_new_tokens=2)
+    with pytest.raises(InvalidInputError, match="sampler must be one of"):
+        rt.session(sampler="fast")
