@@ -91,9 +91,8 @@ def choose(
     span = min(max_cache_len, TIMED_SPAN)
     names = (FLASH, GROUPED) if dtype == "float32" else KERNELS
     batches = sorted({1, batch})
-    timed = {
-        name: round(_seconds(name, model, getattr(torch, dtype), span, batches, options) * 1e6, 1) for name in names
-    }
+    examples = [_example(model, getattr(torch, dtype), span, b) for b in batches]  # every candidate's inputs
+    timed = {name: round(_seconds(name, examples, options) * 1e6, 1) for name in names}
     rows = " + ".join(f"{b} row{'s' * (b > 1)}" for b in batches)
     log(f"decode attention over {span} slots, {rows}: " + ", ".join(f"{k} {v:.0f} us" for k, v in timed.items()))
     return DecodeAttention(min(timed, key=timed.get), timed, span)
@@ -117,10 +116,9 @@ def _example(model, dtype: torch.dtype, span: int, batch: int) -> tuple:
     return q, k, v, torch.ones(batch, 1, 1, span, dtype=torch.bool)
 
 
-def _seconds(name: str, model, dtype: torch.dtype, span: int, batches: list[int], options: dict) -> float:
-    """One candidate's median calls at each of `batches` rows, summed, compiled as the bundle compiles
-    (dynamic shapes, its Inductor options)."""
-    examples = [_example(model, dtype, span, b) for b in batches]
+def _seconds(name: str, examples: list[tuple], options: dict) -> float:
+    """One candidate's median calls over each of `examples` (_example's), summed, compiled as the bundle
+    compiles (dynamic shapes, its Inductor options)."""
     scale = examples[0][0].shape[-1] ** -0.5
     if name == SDPA:
 
