@@ -30,7 +30,7 @@ from transformers.generation.logits_process import (
 from runtime.errors import InvalidInputError
 
 SAMPLERS = ("hf", "top-k")
-_RANKING = (TemperatureLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)  # depend on the survivors' values only
+_RANKING = (TopKLogitsWarper, TemperatureLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)  # values only
 
 
 def greedy(scores: torch.Tensor) -> torch.Tensor:
@@ -72,14 +72,19 @@ def checked_sampler(sampler) -> str:
 
 def at_top_k(processors: LogitsProcessorList) -> tuple[LogitsProcessorList, int, LogitsProcessorList] | None:
     """processors as (those before HF's top-k warper, its k, it and those after it) when only warpers that
-    rank the survivors by value follow it; None when it is absent, or something else follows it."""
+    rank the survivors by value, and filter to -inf, follow it; None when it is absent, or something else
+    follows it."""
     for i, p in enumerate(processors):
-        if isinstance(p, TopKLogitsWarper):
-            rest = processors[i + 1 :]
-            if p.filter_value != float("-inf") or not all(type(w) in _RANKING for w in rest):
+        if type(p) is TopKLogitsWarper:
+            # a finite filter value would give the tokens top-k removed a probability the survivors never see
+            if not all(type(w) in _RANKING and _filters_to_minus_inf(w) for w in processors[i:]):
                 return None
             return LogitsProcessorList(processors[:i]), p.top_k, LogitsProcessorList(processors[i:])
     return None
+
+
+def _filters_to_minus_inf(warper) -> bool:
+    return getattr(warper, "filter_value", float("-inf")) == float("-inf")  # temperature filters nothing
 
 
 def top_k_distribution(

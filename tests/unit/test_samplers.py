@@ -93,6 +93,14 @@ def test_only_ranking_warpers_may_follow_top_k():
     assert at_top_k(LogitsProcessorList([TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.9)])) is None
     assert at_top_k(LogitsProcessorList([TopKLogitsWarper(8), TypicalLogitsWarper(0.9)])) is None
     assert at_top_k(LogitsProcessorList([TopKLogitsWarper(8, filter_value=-1e4)])) is None
+    # a later warper's finite filter value gives the tokens top-k removed a probability: HF's path
+    assert at_top_k(LogitsProcessorList([TopKLogitsWarper(8), TopPLogitsWarper(0.9, filter_value=-1.0)])) is None
+    assert at_top_k(LogitsProcessorList([TopKLogitsWarper(8), MinPLogitsWarper(0.1, filter_value=-1.0)])) is None
+
+    class Wider(TopKLogitsWarper):  # a caller's own top-k may do anything in __call__
+        pass
+
+    assert at_top_k(LogitsProcessorList([Wider(8)])) is None
 
 
 @pytest.fixture(scope="module")
