@@ -31,6 +31,10 @@ from runtime.serve.config import RayConfig, ServeConfig
 from runtime.serve.server import bind, signature_note
 
 REPLICA_HEADER = "x-aotpack-replica"  # which replica answered: "host:pid", for clients and tests
+# Ray Serve gives its HTTP proxy actor 5 s a readiness check and kills it after three misses; on 2 busy
+# cores starting that actor (importing Serve, FastAPI and uvicorn) takes longer, `serve.start` then dies
+# with the killed actor. A Ray instance this command starts inherits the variable from it.
+PROXY_READY_ENV, PROXY_READY_S = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60"
 
 
 class DeployError(AotpackError):
@@ -112,7 +116,7 @@ def deploy(config: ServeConfig, ray_config: RayConfig) -> str:
         trusted_keys=tuple(Path(k).resolve() for k in keys) if keys is not None else None,
     )
     config = config.replace(load=load, bundle=Path(config.bundle).resolve())
-    serve.start(http_options={"host": config.host, "port": config.port})
+    _start_proxy(config)
     app = deployment(config, ray_config, rows).bind(config)
     try:
         serve.run(app, name=ray_config.app_name, route_prefix="/")
@@ -121,6 +125,23 @@ def deploy(config: ServeConfig, ray_config: RayConfig) -> str:
         serve.delete(ray_config.app_name)
         raise DeployError(f"the Ray Serve application '{ray_config.app_name}' did not start: {reason}") from None
     return f"http://{config.host}:{config.port}"
+
+
+def _start_proxy(config: ServeConfig) -> None:
+    """Ray Serve's controller and HTTP proxy; a proxy that does not come up is aotpack's error, not Ray's
+    stack."""
+    from ray import serve
+    from ray.exceptions import RayError
+
+    try:
+        serve.start(http_options={"host": config.host, "port": config.port})
+    except RayError as e:
+        reason = str(e).strip().splitlines()[0]
+        raise DeployError(
+            f"Ray Serve's HTTP proxy did not start on {config.host}:{config.port}: {reason}; on a loaded "
+            f"machine give it longer to start with {PROXY_READY_ENV}=SECONDS in the Ray cluster's environment "
+            f"(a Ray instance this command starts uses {os.environ.get(PROXY_READY_ENV, PROXY_READY_S)})"
+        ) from None
 
 
 def _failure(app_name: str) -> str | None:
@@ -142,6 +163,8 @@ def serve_ray(config: ServeConfig, ray_config: RayConfig, out=sys.stdout) -> Non
         with bind(config.host, 0) as sock:
             config = config.replace(port=sock.getsockname()[1])
     start = time.perf_counter()
+    if ray_config.address is None:  # the Ray instance is this command's: its processes take this environment
+        os.environ.setdefault(PROXY_READY_ENV, PROXY_READY_S)
     ray.init(address=ray_config.address, include_dashboard=False, logging_level="warning", log_to_driver=False)
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     stop = _stop_on_signals()  # after ray.init, which installs its own handlers that print a stack and die

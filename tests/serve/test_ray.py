@@ -154,7 +154,7 @@ def test_a_replica_that_cannot_load_the_bundle_fails_with_aotpacks_message(bundl
     with open(tmp_path / "stderr.log", "w+") as log:
         proc = _start(copy, log, "--replicas", "1")
         try:
-            assert proc.wait(timeout=240) == 2
+            assert proc.wait(timeout=240) == 2, _stderr(log)
         finally:
             _stop(proc)
         message = _stderr(log).strip().splitlines()[-1]
@@ -199,3 +199,24 @@ def test_the_deployment_autoscales_on_ongoing_requests_per_replica_and_honours_l
     assert d._deployment_config.graceful_shutdown_timeout_s == 5
     fixed = deployment(config, RayConfig(replicas=3), rows=4)
     assert fixed.num_replicas == 3 and fixed._deployment_config.autoscaling_config is None
+
+
+def test_a_proxy_that_does_not_start_is_aotpacks_error_naming_the_address_and_the_allowance(bundle, monkeypatch):
+    """Ray Serve kills an HTTP proxy that misses its readiness checks (on 2 busy cores, importing Serve
+    takes longer than its 15 s): `serve.start` then raises Ray's actor error, which becomes a DeployError
+    naming the address and the variable that gives the proxy longer."""
+    from ray import serve
+    from ray.exceptions import RayError
+
+    from runtime.serve.cluster import PROXY_READY_ENV, DeployError, _start_proxy
+    from runtime.serve.config import ServeConfig
+
+    def killed(**_):
+        raise RayError("The actor died unexpectedly before finishing this task.\n\tclass_name: ProxyActor")
+
+    monkeypatch.setattr(serve, "start", killed)
+    monkeypatch.setenv(PROXY_READY_ENV, "90")
+    with pytest.raises(DeployError) as e:
+        _start_proxy(ServeConfig(bundle=bundle(TEXT), port=8123))
+    assert "HTTP proxy did not start on 127.0.0.1:8123: The actor died unexpectedly" in str(e.value)
+    assert f"{PROXY_READY_ENV}=SECONDS" in str(e.value) and "starts uses 90)" in str(e.value)
