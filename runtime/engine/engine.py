@@ -309,10 +309,13 @@ class Engine:
         self.costs.timed("decode", self._covering(self.runner.decode.batches, width), start)
         greedy = sum(s.batch for s in decoding if s.plain_greedy)  # rows whose token is the raw argmax
         argmax = sampling.greedy(logits) if greedy > 1 and 2 * greedy >= width else None  # (width,): one call
+        top = sampling.shared_top_k(logits, [(s.batch, s.raw_top_k) for s in decoding if s.raw_top_k is not None])
         for state in decoding:
             taken = argmax[state.rows] if argmax is not None and state.plain_greedy else None
+            shared = top is not None and state.raw_top_k is not None
+            tops = (top[0][state.rows], top[1][state.rows]) if shared else None  # (b, kmax + 1) each
             try:
-                self._emit(state, logits[state.rows], taken)
+                self._emit(state, logits[state.rows], taken, tops)
             except BaseException as e:
                 self._end(state, FinishReason.FAILED, e)
 
@@ -387,8 +390,8 @@ class Engine:
         else:
             self.runner.feed(state, token)
 
-    def _emit(self, state: RequestState, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> None:
-        token = state.choose(logits, argmax)  # (b,)
+    def _emit(self, state: RequestState, logits: torch.Tensor, argmax=None, top=None) -> None:
+        token = state.choose(logits, argmax, top=top)  # (b,)
         state.put(token, logits)
         if state.done:
             self._end(state)

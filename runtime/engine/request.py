@@ -30,8 +30,9 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 
+from runtime.engine import sampling
 from runtime.engine.prefix import image_digests
-from runtime.engine.sampling import at_top_k, next_token, probabilities, sample_top_k
+from runtime.engine.sampling import at_top_k, next_token, probabilities
 from runtime.engine.speculation import rejection_sample
 from runtime.engine.status import FinishReason, Status
 
@@ -118,6 +119,9 @@ class RequestState:
         # (processors before HF's top-k, k, the rest) when it samples among the survivors (Request.sampler)
         sampled = request.sampler == "top-k" and request.config.do_sample and not request.keeps_scores
         self.survivors = at_top_k(request.processors) if sampled else None
+        # its k when the processors before top-k only rescale: it then ranks the raw logits (shared_top_k)
+        ranks_raw = self.survivors is not None and sampling.ranks_like_its_input(self.survivors[0])
+        self.raw_top_k: int | None = self.survivors[1] if ranks_raw else None
 
     # ---- what the scheduler plans with: plain numbers ----
     @property
@@ -146,19 +150,24 @@ class RequestState:
         return not self.request.processors and not self.request.config.do_sample
 
     def choose(
-        self, logits: torch.Tensor, argmax: torch.Tensor | None = None, draft: int | None = None
+        self,
+        logits: torch.Tensor,
+        argmax: torch.Tensor | None = None,
+        draft: int | None = None,
+        top: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """logits (b, vocab) raw fp32 -> the next token ids (b,); finished rows get the pad id.
         `argmax` (b,): the logits' argmax, already taken, for a `plain_greedy` request. `draft`: the token
         drafted for this position (one row): a sampled request accepts it by the rejection rule
-        (runtime.engine.speculation), a greedy one when it is the argmax."""
+        (runtime.engine.speculation), a greedy one when it is the argmax. `top`: the raw logits' top
+        `raw_top_k` + 1 (values, indices) (b, >= k + 1), already taken (sampling.shared_top_k)."""
         r = self.request
         # A processor may write its input in place; the raw logits need a copy only if the caller gets
         # them (a 262k-vocabulary copy cost 1-5 ms a token, as much as the rest of the engine)
         protect = bool(r.processors) and self.want_logits
         logits = logits.clone() if protect else logits
         if self.survivors is not None and draft is None:
-            scores, token = self._sample_survivors(logits)
+            scores, token = None, self._sample_survivors(logits, top)
         else:
             scores = r.processors(self.history, logits)  # (b, vocab)
             if draft is not None and r.config.do_sample:
@@ -176,16 +185,21 @@ class RequestState:
             self._end_rows(FinishReason.LENGTH)
         return token
 
-    def _sample_survivors(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits (b, vocab) -> (the scores before top-k, token ids (b,)) drawn among the top-k warper's
-        survivors; a tie at the k-th score takes generate's own draw (runtime.engine.sampling)."""
+    def _sample_survivors(self, logits: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None):
+        """logits (b, vocab) -> token ids (b,) drawn among the top-k warper's survivors; a tie at the k-th
+        score takes generate's own draw (runtime.engine.sampling)."""
         head, k, rest = self.survivors
-        scores = head(self.history, logits)  # (b, vocab)
-        token = sample_top_k(scores, k, rest, self.history, self.request.generator)
-        if token is None:
-            scores = rest(self.history, scores)
-            token = next_token(scores, True, self.request.generator)
-        return scores, token
+        if self.raw_top_k is not None:  # temperature keeps the order: it runs over the k + 1 survivors only
+            values, indices = top if top is not None else sampling.top_k_and_next(logits, k)  # (b, >= k + 1)
+            values, indices, scores = head(self.history, values[:, : k + 1]), indices[:, : k + 1], None
+        else:
+            scores = head(self.history, logits)  # (b, vocab)
+            values, indices = sampling.top_k_and_next(scores, k)  # (b, k + 1) each
+        survivors = sampling.survivors_distribution(values, indices, k, rest, self.history)
+        if survivors is not None:
+            return sampling.draw(survivors, self.request.generator)
+        scores = head(self.history, logits) if scores is None else scores  # HF's path, ties and all
+        return next_token(rest(self.history, scores), True, self.request.generator)
 
     def put(self, token: torch.Tensor, logits: torch.Tensor) -> None:
         """Hand a step's tokens (b,) (and its raw logits, if the caller wants them) to the caller."""

@@ -14,6 +14,8 @@ temperature, top-k, top-p, repetition penalty and friends mean exactly what they
   tokens (with no tie at the k-th score) and -inf elsewhere, which the warpers after it and the softmax
   give probability 0: the same distribution, up to float summation order, drawn with other random
   numbers. A tie at the k-th score (HF keeps every tied token) takes the "hf" path for that step.
+  When the processors before top-k only rescale (temperature), they run over the survivors, and the
+  engine takes one topk over the step's rows for every such request (shared_top_k).
 """
 
 from __future__ import annotations
@@ -87,17 +89,56 @@ def _filters_to_minus_inf(warper) -> bool:
     return getattr(warper, "filter_value", float("-inf")) == float("-inf")  # temperature filters nothing
 
 
+def ranks_like_its_input(processors: LogitsProcessorList) -> bool:
+    """Whether `processors` (those before top-k) only rescale the scores by a positive constant
+    (temperature): they then keep the order and ties, so they may run over the survivors of the raw logits
+    instead of the whole vocabulary, and one torch.topk may serve several requests (shared_top_k)."""
+    return all(type(p) is TemperatureLogitsWarper for p in processors)
+
+
+def top_k_and_next(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores (B, vocab) -> each row's k + 1 highest (values, indices), each (B, min(k + 1, vocab)),
+    highest first. The (k + 1)-th tells a tie at the k-th score without a pass over the whole vocabulary."""
+    return torch.topk(scores, min(k + 1, scores.shape[-1]))
+
+
+def shared_top_k(logits: torch.Tensor, requests: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """logits (width, vocab) and (rows, k) of each request that takes the raw logits' top k + 1 -> one
+    top_k_and_next over every row at the largest k, (width, kmax + 1) each, of which each request reads
+    its rows' first k + 1. None unless such rows are at least two and half the step: the step's other
+    rows would cost more than the calls saved."""
+    rows = sum(b for b, _ in requests)
+    if rows < 2 or 2 * rows < logits.shape[0]:
+        return None
+    return top_k_and_next(logits, max(k for _, k in requests))  # one call: ATen splits its rows over threads
+
+
+def survivors_distribution(
+    values: torch.Tensor, indices: torch.Tensor, k: int, rest: LogitsProcessorList, history: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A row's top k + 1 (values, indices) (B, >= k), processed up to the top-k warper -> (token ids (B, k),
+    their probabilities (B, k)): `rest` (the top-k warper and the ranking warpers after it) over the k
+    highest; None when a tie at a row's k-th score would make HF keep more than k tokens."""
+    if values.shape[-1] > k:  # fewer columns than k + 1: k covers the whole vocabulary, no tie possible
+        kth, after = values[:, k - 1], values[:, k]  # (B,) each; -inf: fewer than k tokens are possible
+        if bool((torch.isfinite(kth) & (after == kth)).any()):
+            return None
+    values, indices = values[:, :k], indices[:, :k]  # (B, k) each
+    return indices, probabilities(rest(history, values))  # HF's own warpers over the survivors
+
+
 def top_k_distribution(
     scores: torch.Tensor, k: int, rest: LogitsProcessorList, history: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """scores (B, vocab), processed up to the top-k warper -> (token ids (B, k), their probabilities (B, k)):
-    `rest` (the top-k warper and the ranking warpers after it) over each row's k highest scores; None when
-    a tie at a row's k-th score would make HF keep more than k tokens."""
-    values, indices = torch.topk(scores, min(k, scores.shape[-1]))  # (B, k) each, highest first
-    kth = values[:, -1:]  # (B, 1); -inf: fewer than k tokens are possible, the rest have probability 0
-    if bool((torch.isfinite(kth[:, 0]) & ((scores >= kth).sum(-1) > values.shape[-1])).any()):
-        return None
-    return indices, probabilities(rest(history, values))  # HF's own warpers over the survivors
+    """scores (B, vocab), processed up to the top-k warper -> survivors_distribution of its top k + 1."""
+    return survivors_distribution(*top_k_and_next(scores, k), k, rest, history)
+
+
+def draw(survivors: tuple[torch.Tensor, torch.Tensor], generator) -> torch.Tensor:
+    """(token ids (B, k), their probabilities (B, k)) -> one token id per row (B,), drawn with `generator`."""
+    indices, probs = survivors
+    choice = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+    return indices.gather(1, choice).squeeze(1)
 
 
 def sample_top_k(
@@ -106,8 +147,4 @@ def sample_top_k(
     """scores (B, vocab), processed up to the top-k warper -> token ids (B,) drawn among the survivors
     (top_k_distribution), or None on a tie at the k-th score."""
     survivors = top_k_distribution(scores, k, rest, history)
-    if survivors is None:
-        return None
-    indices, probs = survivors
-    choice = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
-    return indices.gather(1, choice).squeeze(1)
+    return None if survivors is None else draw(survivors, generator)

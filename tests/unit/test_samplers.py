@@ -16,7 +16,16 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from runtime.engine.sampling import at_top_k, probabilities, sample_top_k, top_k_distribution
+from runtime.engine import sampling
+from runtime.engine.sampling import (
+    at_top_k,
+    probabilities,
+    ranks_like_its_input,
+    sample_top_k,
+    shared_top_k,
+    survivors_distribution,
+    top_k_distribution,
+)
 from runtime.errors import InvalidInputError
 
 VOCAB = 1000
@@ -46,6 +55,34 @@ def test_the_survivors_distribution_is_hfs_over_the_whole_vocabulary(k, top_p, m
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 2.5])
+def test_one_top_k_over_the_steps_rows_gives_each_request_hfs_distribution_at_its_own_k(temperature):
+    """Requests whose processors before top-k only rescale (temperature) share one torch.topk of the raw
+    logits at the largest k: each reads its rows' first k + 1 and runs its temperature over those only."""
+    scores = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(7)) * 3  # (width, vocab)
+    requests = [(slice(0, 1), 3, 0.9), (slice(1, 3), 40, None)]  # (rows, k, top_p)
+    values, indices = shared_top_k(scores, [(r.stop - r.start, k) for r, k, _ in requests])  # (3, 41) each
+    for rows, k, top_p in requests:
+        warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature), TopKLogitsWarper(k)])
+        warpers += [TopPLogitsWarper(top_p)] if top_p is not None else []
+        head, _, rest = at_top_k(warpers)
+        assert ranks_like_its_input(head)
+        expected = probabilities(warpers(HISTORY[rows], scores[rows].clone()))
+        mine = head(HISTORY[rows], values[rows, : k + 1]), indices[rows, : k + 1]
+        got = _full(survivors_distribution(*mine, k, rest, HISTORY[rows]), VOCAB)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_a_step_shares_its_top_k_only_when_such_rows_are_two_and_half_of_it():
+    scores = torch.randn(8, VOCAB)
+    assert shared_top_k(scores, [(1, 5)]) is None  # one row: its own call is the same call
+    assert shared_top_k(scores, [(1, 5), (1, 9), (1, 2)]) is None  # 3 of 8 rows: the other 5 would cost more
+    values, indices = shared_top_k(scores, [(2, 5), (1, 9), (1, 2)])
+    assert values.shape == indices.shape == (8, 10)
+    torch.testing.assert_close(values, scores.topk(10).values)
+    assert not ranks_like_its_input(LogitsProcessorList([TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.9)]))
+
+
 def test_fewer_possible_tokens_than_k_keep_hfs_distribution():
     """A grammar's mask leaves 3 tokens: the k-th score is -inf, and the -inf survivors get probability 0."""
     warpers = _warpers(64, 0.9, None)
@@ -65,6 +102,8 @@ def test_a_tie_at_the_kth_score_is_left_to_hfs_path():
     _, k, rest = at_top_k(_warpers(5, None, None))
     assert top_k_distribution(scores, k, rest, HISTORY) is None
     assert sample_top_k(scores, k, rest, HISTORY, None) is None
+    assert top_k_distribution(scores[[0, 2]], k, rest, HISTORY) is not None
+    scores[0, 20] = scores[0, VOCAB - 2]  # a tie inside the top k (the 2nd highest): exactly k survive
     assert top_k_distribution(scores[[0, 2]], k, rest, HISTORY) is not None
 
 
@@ -123,6 +162,23 @@ def test_a_top_k_request_draws_among_each_steps_top_k_reproducibly(rt):
     assert [t for t, _ in _sampled(rt, "top-k", 3, top_k=3, max_new_tokens=24)] == [t for t, _ in steps]
     draws = {tuple(t for t, _ in _sampled(rt, "top-k", seed, top_k=3, max_new_tokens=8)) for seed in range(6)}
     assert len(draws) > 1  # it samples
+
+
+def test_sampled_requests_in_one_step_share_a_top_k_and_each_draws_among_its_own(rt, monkeypatch):
+    """Three requests with their own k and temperature decode together: the steps they share take one
+    torch.topk (sampling.shared_top_k), and each token is among its request's own top k of its logits."""
+    shared, real = [], sampling.shared_top_k
+    monkeypatch.setattr(sampling, "shared_top_k", lambda *a: shared.append(real(*a)) or shared[-1])
+    prompt = torch.tensor([[2, 40, 41, 42, 43]])  # (1, 5)
+    asks = [(2, 1.0), (3, 0.5), (5, 1.7)]  # (top_k, temperature)
+    handles = [
+        rt.submit(prompt, want_logits=True, sampler="top-k", do_sample=True, top_k=k, temperature=t, max_new_tokens=24)
+        for k, t in asks
+    ]
+    for (k, _), handle in zip(asks, handles, strict=True):
+        steps = [(int(token[0]), logits[0]) for token, logits in handle]  # logits (vocab,) raw
+        assert len(steps) == 24 and all(token in logits.topk(k).indices.tolist() for token, logits in steps)
+    assert any(top is not None for top in shared), "no step shared its top-k"
 
 
 def test_an_unknown_sampler_is_refused_by_name(rt):
