@@ -24,6 +24,7 @@ from runtime.engine.sampling import (
     sample_top_k,
     shared_top_k,
     survivors_distribution,
+    top_k_and_next,
     top_k_distribution,
 )
 from runtime.errors import InvalidInputError
@@ -81,6 +82,28 @@ def test_a_step_shares_its_top_k_only_when_such_rows_are_two_and_half_of_it():
     assert values.shape == indices.shape == (8, 10)
     torch.testing.assert_close(values, scores.topk(10).values)
     assert not ranks_like_its_input(LogitsProcessorList([TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.9)]))
+
+
+@pytest.mark.parametrize("vocab", [262_144, 49_152 + 77, 20_000])
+@pytest.mark.parametrize("k", [1, 5, 64])
+@pytest.mark.parametrize("kind", ["random", "ties", "masked"])
+def test_the_blocked_top_k_holds_atens_values_at_large_vocabularies(vocab, k, kind):
+    """Large vocabularies take the k + 1 highest among the blocks with the highest maxima (and the entries
+    after the last whole block): the same values as torch.topk, each at an index that holds it, with
+    repeated values (all in few blocks or tied at the boundary) and rows mostly -inf (a grammar's mask)."""
+    generator = torch.Generator().manual_seed(vocab + k)
+    scores = torch.randn(3, vocab, generator=generator) * 3  # (B, vocab)
+    if kind == "ties":  # few distinct values: ties inside the top k, at the k-th, and blocks sharing maxima
+        scores = torch.randint(0, 12, (3, vocab), generator=generator).float()
+        scores[1, -3:] = 20.0  # the highest values after the last whole block
+    elif kind == "masked":
+        keep = torch.rand(3, vocab, generator=generator) < 0.0005
+        scores = scores.masked_fill(~keep, float("-inf"))
+    values, indices = top_k_and_next(scores, k)
+    assert values.shape == indices.shape == (3, k + 1)
+    torch.testing.assert_close(values, scores.topk(k + 1).values)
+    assert torch.equal(scores.gather(1, indices), values)
+    assert all(len(set(row.tolist())) == k + 1 for row in indices)  # distinct entries
 
 
 def test_fewer_possible_tokens_than_k_keep_hfs_distribution():
@@ -171,13 +194,14 @@ def test_sampled_requests_in_one_step_share_a_top_k_and_each_draws_among_its_own
     monkeypatch.setattr(sampling, "shared_top_k", lambda *a: shared.append(real(*a)) or shared[-1])
     prompt = torch.tensor([[2, 40, 41, 42, 43]])  # (1, 5)
     asks = [(2, 1.0), (3, 0.5), (5, 1.7)]  # (top_k, temperature)
+    options = dict(want_logits=True, sampler="top-k", do_sample=True, max_new_tokens=24)
     handles = [
-        rt.submit(prompt, want_logits=True, sampler="top-k", do_sample=True, top_k=k, temperature=t, max_new_tokens=24)
-        for k, t in asks
+        rt.submit(prompt, generator=torch.Generator().manual_seed(i), top_k=k, temperature=t, **options)
+        for i, (k, t) in enumerate(asks)
     ]
     for (k, _), handle in zip(asks, handles, strict=True):
         steps = [(int(token[0]), logits[0]) for token, logits in handle]  # logits (vocab,) raw
-        assert len(steps) == 24 and all(token in logits.topk(k).indices.tolist() for token, logits in steps)
+        assert steps and all(token in logits.topk(k).indices.tolist() for token, logits in steps)
     assert any(top is not None for top in shared), "no step shared its top-k"
 
 
