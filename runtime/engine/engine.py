@@ -312,7 +312,7 @@ class Engine:
         top = sampling.shared_top_k(logits, [(s.batch, s.raw_top_k) for s in decoding if s.raw_top_k is not None])
         for state in decoding:
             taken = argmax[state.rows] if argmax is not None and state.plain_greedy else None
-            shared = top is not None and state.raw_top_k is not None
+            shared = top is not None and state.raw_top_k is not None and state.raw_top_k < top[0].shape[-1]
             tops = (top[0][state.rows], top[1][state.rows]) if shared else None  # (b, kmax + 1) each
             try:
                 self._emit(state, logits[state.rows], taken, tops)
@@ -390,7 +390,13 @@ class Engine:
         else:
             self.runner.feed(state, token)
 
-    def _emit(self, state: RequestState, logits: torch.Tensor, argmax=None, top=None) -> None:
+    def _emit(
+        self,
+        state: RequestState,
+        logits: torch.Tensor,
+        argmax: torch.Tensor | None = None,
+        top: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         token = state.choose(logits, argmax, top=top)  # (b,)
         state.put(token, logits)
         if state.done:

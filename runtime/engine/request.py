@@ -159,12 +159,13 @@ class RequestState:
         """logits (b, vocab) raw fp32 -> the next token ids (b,); finished rows get the pad id.
         `argmax` (b,): the logits' argmax, already taken, for a `plain_greedy` request. `draft`: the token
         drafted for this position (one row): a sampled request accepts it by the rejection rule
-        (runtime.engine.speculation), a greedy one when it is the argmax. `top`: the raw logits' top
-        `raw_top_k` + 1 (values, indices) (b, >= k + 1), already taken (sampling.shared_top_k)."""
+        (runtime.engine.speculation), a greedy one when it is the argmax. `top`: the raw logits' highest
+        (values, indices), at least `raw_top_k` + 1 columns each, already taken (sampling.shared_top_k)."""
         r = self.request
         # A processor may write its input in place; the raw logits need a copy only if the caller gets
         # them (a 262k-vocabulary copy cost 1-5 ms a token, as much as the rest of the engine)
-        protect = bool(r.processors) and self.want_logits
+        # (HF's temperature and ranking warpers, all a raw_top_k request has, write nothing in place)
+        protect = bool(r.processors) and self.want_logits and self.raw_top_k is None
         logits = logits.clone() if protect else logits
         if self.survivors is not None and draft is None:
             scores, token = None, self._sample_survivors(logits, top)
@@ -185,12 +186,12 @@ class RequestState:
             self._end_rows(FinishReason.LENGTH)
         return token
 
-    def _sample_survivors(self, logits: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None):
+    def _sample_survivors(self, logits: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """logits (b, vocab) -> token ids (b,) drawn among the top-k warper's survivors; a tie at the k-th
         score takes generate's own draw (runtime.engine.sampling)."""
         head, k, rest = self.survivors
         if self.raw_top_k is not None:  # temperature keeps the order: it runs over the k + 1 survivors only
-            values, indices = top if top is not None else sampling.top_k_and_next(logits, k)  # (b, >= k + 1)
+            values, indices = top if top is not None else sampling.top_k_and_next(logits, k)  # (b, k + 1 or more)
             values, indices, scores = head(self.history, values[:, : k + 1]), indices[:, : k + 1], None
         else:
             scores = head(self.history, logits)  # (b, vocab)

@@ -33,6 +33,8 @@ from runtime.errors import InvalidInputError
 
 SAMPLERS = ("hf", "top-k")
 _RANKING = (TopKLogitsWarper, TemperatureLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)  # values only
+_BLOCK = 128  # vocabulary entries a block of the blocked top-k: Gemma 3's 262,144 are 2,048 blocks
+_SMALL_VOCABULARY = 32_768  # a topk over this many entries a row costs little at any k
 
 
 def greedy(scores: torch.Tensor) -> torch.Tensor:
@@ -92,22 +94,29 @@ def _filters_to_minus_inf(warper) -> bool:
 def ranks_like_its_input(processors: LogitsProcessorList) -> bool:
     """Whether `processors` (those before top-k) only rescale the scores by a positive constant
     (temperature): they then keep the order and ties, so they may run over the survivors of the raw logits
-    instead of the whole vocabulary, and one torch.topk may serve several requests (shared_top_k)."""
-    return all(type(p) is TemperatureLogitsWarper for p in processors)
+    instead of the whole vocabulary, and one top-k may serve several requests (shared_top_k)."""
+    return all(type(p) is TemperatureLogitsWarper and _positive_number(p.temperature) for p in processors)
+
+
+def _positive_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def blocked(k: int, vocab: int) -> bool:
+    """Whether the top k + 1 of a vocabulary is taken among blocks (top_k_and_next): only where the k + 1
+    blocks are a small part of it, else the blocks would cost more than ATen's topk over the whole."""
+    return (k + 1) * _BLOCK * 4 <= vocab
 
 
 def top_k_and_next(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """scores (B, vocab) -> each row's k + 1 highest (values, indices), each (B, min(k + 1, vocab)),
     highest first. The (k + 1)-th tells a tie at the k-th score without a pass over the whole vocabulary."""
     n, vocab = min(k + 1, scores.shape[-1]), scores.shape[-1]
-    if n * _BLOCK * 4 > vocab:  # the blocks would hold a good part of the vocabulary: no gain
+    if not blocked(k, vocab):
         return torch.topk(scores, n)
     candidates = _candidates(scores, n)  # (B, n * _BLOCK + tail)
     values, at = torch.topk(scores.gather(1, candidates), n)  # (B, n) each
     return values, candidates.gather(1, at)
-
-
-_BLOCK = 128  # vocabulary entries a block: Gemma 3's 262,144 are 2,048 blocks
 
 
 def _candidates(scores: torch.Tensor, n: int) -> torch.Tensor:
@@ -128,29 +137,39 @@ def _candidates(scores: torch.Tensor, n: int) -> torch.Tensor:
 
 def shared_top_k(logits: torch.Tensor, requests: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
     """logits (width, vocab) and (rows, k) of each request that takes the raw logits' top k + 1 -> one
-    top_k_and_next over every row at the largest k, (width, kmax + 1) each, of which each request reads
-    its rows' first k + 1. None unless such rows are at least two and half the step: the step's other
-    rows would cost more than the calls saved."""
-    rows = sum(b for b, _ in requests)
+    top_k_and_next over every row at the largest k among those whose top-k is blocked (any k at a small
+    vocabulary), (width, kmax + 1) each, of which each such request reads its rows' first k + 1; a larger
+    k takes its own call, as one at k 20,000 would make every row's a topk over the whole vocabulary (3 ->
+    52 ms for 8 rows of 262k).
+    None unless the rows that share are at least two and half the step: the step's other rows would
+    cost more than the calls saved."""
+    vocab = logits.shape[-1]
+    ks = [(b, k) for b, k in requests if blocked(k, vocab) or vocab <= _SMALL_VOCABULARY]
+    rows = sum(b for b, _ in ks)
     if rows < 2 or 2 * rows < logits.shape[0]:
         return None
-    return top_k_and_next(logits, max(k for _, k in requests))  # one call: ATen splits its rows over threads
+    return top_k_and_next(logits, max(k for _, k in ks))  # one call: ATen splits its rows over threads
 
 
 def survivors_distribution(
     values: torch.Tensor, indices: torch.Tensor, k: int, rest: LogitsProcessorList, history: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A row's top k + 1 (values, indices) (B, >= k), processed up to the top-k warper -> (token ids (B, k),
-    their probabilities (B, k)): `rest` (the top-k warper and the ranking warpers after it) over the k
-    highest; None when a tie at a row's k-th score would make HF keep more than k tokens."""
+    """Each row's highest scores, processed up to the top-k warper, highest first: (values, indices)
+    (B, min(k + 1, vocab) or more columns) -> (token ids (B, k'), their probabilities (B, k')), k' =
+    min(k, vocab): `rest` (the top-k warper and the ranking warpers after it) over the k highest, in
+    vocabulary order; None when a tie at a row's k-th score would make HF keep more than k tokens."""
     if values.shape[-1] > k:  # fewer columns than k + 1: k covers the whole vocabulary, no tie possible
         kth, after = values[:, k - 1], values[:, k]  # (B,) each; -inf: fewer than k tokens are possible
         if bool((torch.isfinite(kth) & (after == kth)).any()):
             return None
-    values = values[:, :k]  # (B, k)
-    for warper in rest:  # HF's own warpers over the survivors; called as LogitsProcessorList would, without
-        values = warper(history, values)  # its inspect.signature of each one, each time (0.1 ms a row)
-    return indices[:, :k], probabilities(values)
+    # Vocabulary order, as HF's warpers meet the survivors over the whole vocabulary: top-p's cut inside
+    # a group of equal scores then keeps the tokens HF keeps, and a seeded draw does not depend on the
+    # order a top-k call returned ties in (its own call, or the step's shared one)
+    indices, order = indices[:, :k].sort(dim=-1)  # (B, k')
+    values = values[:, :k].gather(1, order)  # (B, k')
+    for warper in rest:  # HF's own warpers, called as LogitsProcessorList would, without its
+        values = warper(history, values)  # inspect.signature of each one at each call (0.1 ms a row)
+    return indices, probabilities(values)
 
 
 def top_k_distribution(

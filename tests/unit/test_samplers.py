@@ -106,6 +106,63 @@ def test_the_blocked_top_k_holds_atens_values_at_large_vocabularies(vocab, k, ki
     assert all(len(set(row.tolist())) == k + 1 for row in indices)  # distinct entries
 
 
+def test_top_p_cutting_through_tied_survivors_keeps_the_tokens_hf_keeps():
+    """HF's top-p sorts the whole vocabulary and, among equal scores, drops the lowest index first; the
+    survivors reach HF's warpers in vocabulary order, so the cut keeps the same tokens (a blocked top-k
+    returned the tie the other way round, found by review). bf16-rounded logits tie often."""
+    scores = torch.full((1, 262_144), -10.0)
+    scores[0, [5000, 100, 200_000, 70_000]] = torch.tensor([3.0, 2.0, 2.0, 1.0])
+    warpers = LogitsProcessorList([TopKLogitsWarper(4), TopPLogitsWarper(0.6)])
+    head, k, rest = at_top_k(warpers)
+    expected = probabilities(warpers(HISTORY[:1], scores.clone()))
+    got = _full(top_k_distribution(head(HISTORY[:1], scores), k, rest, HISTORY[:1]), 262_144)
+    torch.testing.assert_close(got, expected)
+    rounded = (torch.randn(3, 262_144, generator=torch.Generator().manual_seed(1)) * 4).bfloat16().float()
+    for top_p in (0.5, 0.8, 0.95):
+        warpers = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(64), TopPLogitsWarper(top_p)])
+        head, k, rest = at_top_k(warpers)
+        survivors = top_k_distribution(head(HISTORY, rounded.clone()), k, rest, HISTORY)
+        if survivors is not None:  # else a tie at the 64th score: HF's path
+            expected = probabilities(warpers(HISTORY, rounded.clone()))
+            torch.testing.assert_close(_full(survivors, 262_144), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_a_seeded_draw_does_not_depend_on_which_top_k_call_found_the_survivors():
+    """A request's own top-k and the step's shared one (at another request's larger k) may return tied
+    survivors in different orders; in vocabulary order, the same generator draws the same tokens."""
+    generator = torch.Generator().manual_seed(2)
+    logits = (torch.randn(2, 262_144, generator=generator) * 3).clamp(max=9).bfloat16().float()  # (2, vocab)
+    top = torch.randperm(262_144, generator=generator)[:8]  # the 8 highest, ties among them, none at the 8th
+    logits[:, top] = torch.tensor([13.0, 13.0, 12.5, 12.5, 12.5, 11.0, 11.0, 10.5])
+    _, k, rest = at_top_k(LogitsProcessorList([TopKLogitsWarper(8)]))
+    alone = sampling.top_k_and_next(logits[:1], k)
+    shared = shared_top_k(logits, [(1, k), (1, 300)])
+    assert shared is not None and shared[0].shape[-1] == 301
+    draws = []
+    for values, indices in (alone, (shared[0][:1], shared[1][:1])):
+        survivors = survivors_distribution(values, indices, k, rest, HISTORY[:1])
+        draws.append([int(sampling.draw(survivors, torch.Generator().manual_seed(s))) for s in range(200)])
+    assert draws[0] == draws[1]
+
+
+def test_a_k_too_large_for_the_blocks_takes_its_own_call():
+    """One request at k 20,000 would make the shared call a topk over the whole vocabulary for every row
+    (3 -> 52 ms for 8 rows): it takes its own, and the others share theirs."""
+    logits = torch.randn(8, 262_144)
+    values, indices = shared_top_k(logits, [(7, 64), (1, 20_000)])
+    assert values.shape == indices.shape == (8, 65)  # the engine gives it only to the k = 64 request
+    assert shared_top_k(logits, [(1, 20_000), (7, 20_000)]) is None
+    assert not ranks_like_its_input(LogitsProcessorList([_temperature(-1.0)]))
+    assert not ranks_like_its_input(LogitsProcessorList([_temperature(torch.ones(262_144))]))
+
+
+def _temperature(value) -> TemperatureLogitsWarper:
+    """A temperature warper whose value was changed after HF checked it (through a caller's own list)."""
+    warper = TemperatureLogitsWarper(1.0)
+    warper.temperature = value
+    return warper
+
+
 def test_fewer_possible_tokens_than_k_keep_hfs_distribution():
     """A grammar's mask leaves 3 tokens: the k-th score is -inf, and the -inf survivors get probability 0."""
     warpers = _warpers(64, 0.9, None)
