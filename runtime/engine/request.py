@@ -193,10 +193,10 @@ class RequestState:
         if self.raw_top_k is not None:  # temperature keeps the order: it runs over the k + 1 survivors only
             values, indices = top if top is not None else sampling.top_k_and_next(logits, k)  # (b, k + 1 or more)
             values, indices, scores = head(self.history, values[:, : k + 1]), indices[:, : k + 1], None
+            survivors = sampling.survivors_distribution(values, indices, k, rest, self.history)
         else:
             scores = head(self.history, logits)  # (b, vocab)
-            values, indices = sampling.top_k_and_next(scores, k)  # (b, k + 1) each
-        survivors = sampling.survivors_distribution(values, indices, k, rest, self.history)
+            survivors = sampling.top_k_distribution(scores, k, rest, self.history)
         if survivors is not None:
             return sampling.draw(survivors, self.request.generator)
         scores = head(self.history, logits) if scores is None else scores  # HF's path, ties and all

@@ -30,6 +30,7 @@ from transformers.generation.logits_process import (
 )
 
 from runtime.errors import InvalidInputError
+from runtime.generation.options import finite_real
 
 SAMPLERS = ("hf", "top-k")
 _RANKING = (TopKLogitsWarper, TemperatureLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)  # values only
@@ -95,11 +96,8 @@ def ranks_like_its_input(processors: LogitsProcessorList) -> bool:
     """Whether `processors` (those before top-k) only rescale the scores by a positive constant
     (temperature): they then keep the order and ties, so they may run over the survivors of the raw logits
     instead of the whole vocabulary, and one top-k may serve several requests (shared_top_k)."""
-    return all(type(p) is TemperatureLogitsWarper and _positive_number(p.temperature) for p in processors)
-
-
-def _positive_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    rescales = (type(p) is TemperatureLogitsWarper and finite_real(p.temperature) for p in processors)
+    return all(rescales) and all(p.temperature > 0 for p in processors)
 
 
 def blocked(k: int, vocab: int) -> bool:
@@ -184,12 +182,3 @@ def draw(survivors: tuple[torch.Tensor, torch.Tensor], generator) -> torch.Tenso
     indices, probs = survivors
     choice = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
     return indices.gather(1, choice).squeeze(1)
-
-
-def sample_top_k(
-    scores: torch.Tensor, k: int, rest: LogitsProcessorList, history: torch.Tensor, generator
-) -> torch.Tensor | None:
-    """scores (B, vocab), processed up to the top-k warper -> token ids (B,) drawn among the survivors
-    (top_k_distribution), or None on a tie at the k-th score."""
-    survivors = top_k_distribution(scores, k, rest, history)
-    return None if survivors is None else draw(survivors, generator)

@@ -21,7 +21,8 @@ def _int(v) -> bool:
     return isinstance(v, Integral) and not isinstance(v, bool)
 
 
-def _real(v) -> bool:
+def finite_real(v) -> bool:
+    """A finite int or float, not a bool (which is an int to Python)."""
     return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -30,7 +31,8 @@ def _ids(v) -> bool:
 
 
 def _bias(pair) -> bool:
-    return isinstance(pair, (list, tuple)) and len(pair) == 2 and _ids(pair[0]) and len(pair[0]) > 0 and _real(pair[1])
+    pair_of = isinstance(pair, (list, tuple)) and len(pair) == 2
+    return pair_of and _ids(pair[0]) and len(pair[0]) > 0 and finite_real(pair[1])
 
 
 # name -> (accepts the value, what it must be)
@@ -40,12 +42,12 @@ RULES = {
     "min_new_tokens": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
     "do_sample": (lambda v: isinstance(v, bool), "True or False"),
     # HF ignores it when greedy; with do_sample=True, <= 0 is refused (runtime.generation.validate), as HF's warper is
-    "temperature": (_real, "a finite number"),
+    "temperature": (finite_real, "a finite number"),
     "top_k": (lambda v: _int(v) and v >= 0, "an integer >= 0 (0 turns it off)"),
-    "top_p": (lambda v: _real(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "min_p": (lambda v: _real(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "typical_p": (lambda v: _real(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "repetition_penalty": (lambda v: _real(v) and v > 0, "a finite number > 0"),
+    "top_p": (lambda v: finite_real(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "min_p": (lambda v: finite_real(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "typical_p": (lambda v: finite_real(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "repetition_penalty": (lambda v: finite_real(v) and v > 0, "a finite number > 0"),
     "no_repeat_ngram_size": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
     "eos_token_id": (lambda v: _int(v) or (_ids(v) and len(v) > 0), "a token id or a non-empty list of them"),
     "pad_token_id": (_int, "a token id"),
@@ -60,9 +62,9 @@ RULES = {
     ),
     "begin_suppress_tokens": (_ids, "a list of token ids"),
     "bos_token_id": (_int, "a token id"),
-    "max_time": (lambda v: _real(v) and v >= 0, "a number of seconds >= 0"),
-    "epsilon_cutoff": (lambda v: _real(v) and 0 <= v < 1, "a number in [0, 1)"),
-    "eta_cutoff": (lambda v: _real(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "max_time": (lambda v: finite_real(v) and v >= 0, "a number of seconds >= 0"),
+    "epsilon_cutoff": (lambda v: finite_real(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "eta_cutoff": (lambda v: finite_real(v) and 0 <= v < 1, "a number in [0, 1)"),
     "num_return_sequences": (lambda v: _int(v) and v >= 1, "a positive integer"),
     "num_beams": (lambda v: _int(v) and v >= 1, "a positive integer"),
     # speculative decoding by prompt lookup (runtime.engine.speculation); 0 turns it off for the request

@@ -19,9 +19,9 @@ from transformers.generation.logits_process import (
 from runtime.engine import sampling
 from runtime.engine.sampling import (
     at_top_k,
+    draw,
     probabilities,
     ranks_like_its_input,
-    sample_top_k,
     shared_top_k,
     survivors_distribution,
     top_k_and_next,
@@ -181,7 +181,6 @@ def test_a_tie_at_the_kth_score_is_left_to_hfs_path():
     scores[1, 10] = scores[1, VOCAB - 5]  # row 1: a token tied with its 5th highest
     _, k, rest = at_top_k(_warpers(5, None, None))
     assert top_k_distribution(scores, k, rest, HISTORY) is None
-    assert sample_top_k(scores, k, rest, HISTORY, None) is None
     assert top_k_distribution(scores[[0, 2]], k, rest, HISTORY) is not None
     scores[0, 20] = scores[0, VOCAB - 2]  # a tie inside the top k (the 2nd highest): exactly k survive
     assert top_k_distribution(scores[[0, 2]], k, rest, HISTORY) is not None
@@ -197,7 +196,7 @@ def test_draws_land_where_the_distribution_says():
     p = probabilities(warpers(HISTORY[:1], scores.clone()))[0]  # (vocab,)
     generator, n = torch.Generator().manual_seed(0), 20_000
     headed = head(HISTORY[:1], scores).expand(n // 10, -1)  # (n / 10, vocab)
-    draws = torch.stack([sample_top_k(headed, k, rest, HISTORY[:1], generator) for _ in range(10)])
+    draws = torch.stack([draw(top_k_distribution(headed, k, rest, HISTORY[:1]), generator) for _ in range(10)])
     counts = torch.bincount(draws.flatten(), minlength=VOCAB).double()
     assert set(counts.nonzero()[:, 0].tolist()) <= {3, 500, 501, 998}
     sigma = (n * p * (1 - p)).double().sqrt()
