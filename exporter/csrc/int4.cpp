@@ -29,6 +29,7 @@ struct Int4 {
   // Dot chains a pass keeps going (lanes.h, tiles_a_pass): a pass holds three sums a row and tile (block,
   // group, row), so more tiles at once spilled registers; two tiles at one row measured best.
   static constexpr int CHAINS = 2;
+  static constexpr int WIDE = MR;  // its three sums a row and tile spill at WIDE_MR rows a pass
 
   // Block b of rows m .. m + R against the T tiles whose block starts at wb, `span` bytes apart: dots[t * R
   // + r], each row's 16 exact sums of tile t. With `fetch`, the next T tiles' same block is prefetched, a

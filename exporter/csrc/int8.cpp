@@ -21,6 +21,7 @@ struct Int8 {
   const float* scales;
   int64_t K;
   static constexpr int CHAINS = 8;  // independent dot chains a pass keeps going (lanes.h, tiles_a_pass)
+  static constexpr int WIDE = WIDE_MR;  // rows a pass at few rows (lanes.h, gemm_as)
 
   // Rows m .. m + R of the activations against the T tiles from row n0 (R <= MR): out[t * R + r], each
   // row's 16 lanes of tile t.

@@ -1,7 +1,8 @@
 """aotpack's dense GEMM (exporter/csrc/dense.cpp, runtime.quant.dense) against fp64, on each instruction
 path this machine can run: fp32, bf16 and fp16 weights and activations, odd shapes (K not a multiple of 8,
-N not a multiple of the 4-row tile, N = 1, odd M for the 2-row pairs, 40 rows as a verify graph at batch 8),
-strided activations, a row's bits independent of the batch, and operands it refuses."""
+N not a multiple of the 3-row tile, N = 1, M not a multiple of the micro-tile's 4 rows (8 on AVX-512), 40
+rows as a verify graph at batch 8), strided activations, a row's bits independent of the batch and of the
+vector path, and operands it refuses."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from exporter import kernels
 from runtime.cpu import KERNEL_ISA_FLAGS, cpu_flags
 from runtime.quant import dense, native
 
-PATHS = ("scalar", "avx2")
-SHAPES = [(1, 640, 7), (3, 33, 1), (5, 100, 9), (8, 96, 64), (40, 64, 13), (2, 7, 4)]  # (M, K, N)
+PATHS = ("scalar", "avx2", "avx512-vnni")  # AVX-512: 8 activation rows a micro-tile
+SHAPES = [(1, 640, 7), (3, 33, 1), (5, 100, 9), (8, 96, 64), (40, 64, 13), (2, 7, 4), (13, 70, 5)]  # (M, K, N)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -53,6 +54,20 @@ def test_a_row_computes_the_same_bits_in_any_batch_and_any_layout(lib):
     wide = torch.randn(9, 200)
     wide[:, :130] = x
     assert torch.equal(native.linear_dense(wide[:, :130], w, lib), native.linear_dense(x, w, lib))
+
+
+@pytest.mark.parametrize("wtype", DTYPES)
+def test_the_vector_paths_compute_the_same_bits(lib, wtype):
+    """Each output sums in one order on the vector paths (8-lane FMAs, hsum, the tail), whatever rows a
+    micro-tile takes (4 on AVX2, 8 on AVX-512). The plain C++ path rounds each product before adding it
+    (no FMA), so its bits differ from theirs (within the fp64 test's tolerance)."""
+    if lib.isa == "scalar":
+        pytest.skip("the plain C++ path has no FMA: its bits differ from the vector paths'")
+    reference = kernels.build(isa_override="avx2", log=lambda _: None, serve=False).library
+    torch.manual_seed(1)
+    x, w = torch.randn(19, 101), torch.randn(23, 101).to(wtype)
+    for rows in (1, 4, 5, 8, 9, 19):
+        assert torch.equal(native.linear_dense(x[:rows], w, lib), native.linear_dense(x[:rows], w, reference))
 
 
 def test_nan_in_a_row_poisons_that_row_only(lib):

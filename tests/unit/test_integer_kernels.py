@@ -104,7 +104,8 @@ def test_int4_kernel_matches_fp64(lib, m, k, n, group, dtype):
 def test_a_row_computes_the_same_bits_in_any_batch(lib):
     """Prefill (many rows) and decode (one) run one kernel: a row's output cannot depend on its batch, nor on
     how the kernel groups rows and tiles into passes (27 tiles and 5 lone rows: passes of 8, 4, 2 and 1
-    tiles; 67 rows: a chunk of 64, then groups of 4, 2 and 1), nor on the threads sharing the tiles."""
+    tiles; 67 rows: a chunk of 64, then groups of 4, 2 and 1; calls of up to 16 rows: int8 in groups of 8
+    on AVX-512), nor on the threads sharing the tiles."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn(67, 96, generator=g)
     n = 27 * 16 + 5
@@ -116,7 +117,7 @@ def test_a_row_computes_the_same_bits_in_any_batch(lib):
     try:
         for count in (threads, 1):
             torch.set_num_threads(count)
-            for i, rows in ((0, 1), (33, 1), (66, 1), (1, 2), (10, 3), (20, 7), (30, 8), (40, 11)):
+            for i, rows in ((0, 1), (33, 1), (66, 1), (1, 2), (10, 3), (20, 7), (30, 8), (40, 11), (50, 16)):
                 part = slice(i, i + rows)
                 assert torch.equal(native.linear_int8(x[part], codes, scales, lib), batch8[part])
                 assert torch.equal(native.linear_int4(x[part], q4, s4, m4, 32, lib), batch4[part])
