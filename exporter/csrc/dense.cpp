@@ -9,13 +9,17 @@
 // (8 where AVX512VL gives 32 vector registers) keeps 12 (24) accumulators (vectors of 8 lanes along K) in
 // registers: per 8 columns, 3 weight loads and 4 (8) activation loads feed 12 (24) FMAs. A tile's weight
 // rows are read from memory for the first group of activation rows and from cache for the others.
-// Threads split the weight tiles. Gemma 3 270M's linears at 8 rows, 8 a micro-tile against 4 (AMD EPYC,
-// AVX-512, 2 threads): bf16 33 against 52 ms a step's worth, fp32 58 against 64; 1 row 33 and 53.
+// Threads split the weight rows; in a decode step's calls a micro-tile's rows come from NR runs read side
+// by side (Rows). A step's worth of Gemma 3 270M's linears (AMD EPYC, AVX-512, 2 threads), ms: at 8 rows
+// fp32 64 (4 adjacent rows a micro-tile), 58 (8 rows), 42 (8 rows, runs); bf16 52, 33, 29; at one row
+// fp32 44 -> 25 and bf16 26 -> 13 with runs (50 GB/s, as Inductor's fused reduction reads).
 //
 // Each output's sum runs in one order whatever M, the tile or the thread (8 lanes over K in steps of 8,
 // the lanes summed by hsum, then the K % 8 tail in order), so a row's result does not depend on the batch.
 #include "quant_common.h"
 #include "shim_common.h"
+
+#include <omp.h>
 
 #include <climits>
 
@@ -33,6 +37,21 @@ constexpr int MR = 4;
 
 template <int W> inline float weight_at(const void* w, int64_t i) { return load_as_f32<W>(w, i); }
 
+// A micro-tile's C weight rows: first, first + apart, first + 2 * apart, ... A thread cuts its share of
+// the rows into NR runs and a micro-tile takes the same row of each run, so that each run is read front to
+// back: NR long sequential streams, which the hardware prefetcher follows. Adjacent rows (apart = 1) made
+// a stream of 3 rows' lengths (7.5 KB at K = 640) that jumped every 2.5 KB, and fp32 read at ~25 GB/s
+// where one row at a time read ~47 (Gemma 3's `lm_head`, AMD EPYC, 2 threads). Calls of more than
+// RUNS_UP_TO activation rows (verify graphs, prefill) take adjacent rows: they are bound by arithmetic,
+// and a micro-tile's outputs then share cache lines (at 40 rows the `lm_head` took 105 ms in runs, 87
+// adjacent).
+constexpr int64_t RUNS_UP_TO = 16;
+struct Rows {
+  int64_t first, apart;
+  int64_t at(int c) const { return first + c * apart; }
+  Rows next(int C) const { return {first + (apart == 1 ? C : 1), apart}; }  // the micro-tile after this one
+};
+
 #if defined(AOTPACK_AVX2)
 template <int W> inline __m256 load8(const void* w, int64_t i) {
   if constexpr (W == F32) return _mm256_loadu_ps(static_cast<const float*>(w) + i);
@@ -41,14 +60,15 @@ template <int W> inline __m256 load8(const void* w, int64_t i) {
   else return _mm256_cvtph_ps(h);
 }
 
-// y[m0 .. m0 + R, n0 .. n0 + C] for R <= MR activation rows (fp32, ldx apart) and C <= NR weight rows.
+// y[m0 .. m0 + R, those C columns] for R <= MR activation rows (fp32, ldx apart) and C <= NR weight rows.
 // `phase` of `phases` (>= 1; 0 phases: no prefetching): this pass fetches every phases-th cache line of
 // the next tile, starting at line `phase`, so the passes over a tile spread the next one's fetches evenly.
 template <int W, int R, int C>
-inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, int64_t n0, float out[MR][NR], int64_t phase,
+inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n, float out[MR][NR], int64_t phase,
                   int64_t phases) {
   constexpr int64_t SIZE = W == F32 ? 4 : 2, LINE = 64 / SIZE;  // elements per cache line
-  const char* ahead = static_cast<const char*>(w) + (n0 + C) * K * SIZE;  // the next tile, same columns
+  const Rows ahead = n.next(C);  // the next micro-tile's rows, same columns
+  const char* base = static_cast<const char*>(w);
   int64_t fetch = phases ? phase * LINE : INT64_MAX;  // the next column whose line this pass fetches
   __m256 acc[R][C];
   for (int r = 0; r < R; r++)
@@ -56,11 +76,11 @@ inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, int64_t
   const int64_t body = K / 8 * 8;
   for (int64_t k = 0; k < body; k += 8) {
     if (k == fetch) {  // a hint: it never faults, past the last tile included
-      for (int c = 0; c < C; c++) _mm_prefetch(ahead + (c * K + k) * SIZE, _MM_HINT_T0);
+      for (int c = 0; c < C; c++) _mm_prefetch(base + (ahead.at(c) * K + k) * SIZE, _MM_HINT_T0);
       fetch += phases * LINE;
     }
     __m256 wv[C];
-    for (int c = 0; c < C; c++) wv[c] = load8<W>(w, (n0 + c) * K + k);
+    for (int c = 0; c < C; c++) wv[c] = load8<W>(w, n.at(c) * K + k);
     for (int r = 0; r < R; r++) {
       __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
       // Kept in a register for its C uses: GCC otherwise folds the load into each FMA, and with 2 loads a
@@ -72,45 +92,45 @@ inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, int64_t
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) {
       float s = hsum(acc[r][c]);
-      for (int64_t k = body; k < K; k++) s += x[r * ldx + k] * weight_at<W>(w, (n0 + c) * K + k);
+      for (int64_t k = body; k < K; k++) s += x[r * ldx + k] * weight_at<W>(w, n.at(c) * K + k);
       out[r][c] = s;
     }
 }
 #else
 template <int W, int R, int C>
-inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, int64_t n0, float out[MR][NR], int64_t,
+inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n, float out[MR][NR], int64_t,
                   int64_t) {
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) {
       float lanes[8] = {};
       const int64_t body = K / 8 * 8;
       for (int64_t k = 0; k < body; k += 8)
-        for (int l = 0; l < 8; l++) lanes[l] += x[r * ldx + k + l] * weight_at<W>(w, (n0 + c) * K + k + l);
+        for (int l = 0; l < 8; l++) lanes[l] += x[r * ldx + k + l] * weight_at<W>(w, n.at(c) * K + k + l);
       // hsum's order: lanes (0+4, 1+5, 2+6, 3+7), then (a+c, b+d), then the two
       const float a = lanes[0] + lanes[4], b = lanes[1] + lanes[5], c2 = lanes[2] + lanes[6], d = lanes[3] + lanes[7];
       float s = (a + c2) + (b + d);
-      for (int64_t k = body; k < K; k++) s += x[r * ldx + k] * weight_at<W>(w, (n0 + c) * K + k);
+      for (int64_t k = body; k < K; k++) s += x[r * ldx + k] * weight_at<W>(w, n.at(c) * K + k);
       out[r][c] = s;
     }
 }
 #endif
 
-template <int C> void store(const float out[MR][NR], int R, int64_t m, int64_t n0, int32_t dtype, int64_t N, void* y) {
+template <int C> void store(const float out[MR][NR], int R, int64_t m, Rows n, int32_t dtype, int64_t N, void* y) {
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) {
-      const int64_t i = (m + r) * N + n0 + c;
+      const int64_t i = (m + r) * N + n.at(c);
       if (dtype == F32) store_from_f32<F32>(y, i, out[r][c]);
       else if (dtype == BF16) store_from_f32<BF16>(y, i, out[r][c]);
       else store_from_f32<F16>(y, i, out[r][c]);
     }
 }
 
-// Every activation row against weight rows n0 .. n0 + C of w (rows K apart), MR at a time. The first pass
-// reads the rows from memory (fetched ahead), later ones from cache; with `prefetch` the passes together
-// fetch the next tile, each a share, so that memory streams while they compute.
+// Every activation row against weight rows `n` of w (each K long), MR at a time, into y's columns `cols`.
+// The first pass reads the rows from memory (fetched ahead), later ones from cache; with `prefetch` the
+// passes together fetch the next micro-tile's rows, each a share, so that memory streams while they compute.
 template <int W, int C>
-void passes(const float* x, int64_t M, int64_t K, const void* w, int64_t n0, bool prefetch, int32_t dtype,
-            int64_t yn0, int64_t N, void* y) {
+void passes(const float* x, int64_t M, int64_t K, const void* w, Rows n, bool prefetch, int32_t dtype, Rows cols,
+            int64_t N, void* y) {
   float out[MR][NR];
   const int64_t phases = prefetch ? (M + MR - 1) / MR : 0;
   for (int64_t m = 0; m < M; m += MR) {
@@ -118,17 +138,17 @@ void passes(const float* x, int64_t M, int64_t K, const void* w, int64_t n0, boo
     static_assert(MR == 4 || MR == 8, "the cases below cover 1 .. MR rows");
     switch (rows) {
 #if defined(__AVX512VL__)
-      case 8: micro<W, 8, C>(x + m * K, K, w, K, n0, out, phase, phases); break;
-      case 7: micro<W, 7, C>(x + m * K, K, w, K, n0, out, phase, phases); break;
-      case 6: micro<W, 6, C>(x + m * K, K, w, K, n0, out, phase, phases); break;
-      case 5: micro<W, 5, C>(x + m * K, K, w, K, n0, out, phase, phases); break;
+      case 8: micro<W, 8, C>(x + m * K, K, w, K, n, out, phase, phases); break;
+      case 7: micro<W, 7, C>(x + m * K, K, w, K, n, out, phase, phases); break;
+      case 6: micro<W, 6, C>(x + m * K, K, w, K, n, out, phase, phases); break;
+      case 5: micro<W, 5, C>(x + m * K, K, w, K, n, out, phase, phases); break;
 #endif
-      case 4: micro<W, 4, C>(x + m * K, K, w, K, n0, out, phase, phases); break;
-      case 3: micro<W, 3, C>(x + m * K, K, w, K, n0, out, phase, phases); break;
-      case 2: micro<W, 2, C>(x + m * K, K, w, K, n0, out, phase, phases); break;
-      default: micro<W, 1, C>(x + m * K, K, w, K, n0, out, phase, phases);
+      case 4: micro<W, 4, C>(x + m * K, K, w, K, n, out, phase, phases); break;
+      case 3: micro<W, 3, C>(x + m * K, K, w, K, n, out, phase, phases); break;
+      case 2: micro<W, 2, C>(x + m * K, K, w, K, n, out, phase, phases); break;
+      default: micro<W, 1, C>(x + m * K, K, w, K, n, out, phase, phases);
     }
-    store<C>(out, int(rows), m, yn0, dtype, N, y);
+    store<C>(out, int(rows), m, cols, dtype, N, y);
   }
 }
 
@@ -136,32 +156,40 @@ void passes(const float* x, int64_t M, int64_t K, const void* w, int64_t n0, boo
 // of C * K floats, in L1 or L2), not once per group: at 8 rows the conversions had cost as much as the
 // FMAs. The products and sums are the same either way.
 template <int W, int C>
-void tile(const float* x, int64_t M, int64_t K, const void* w, int64_t n0, int32_t dtype, int64_t N, void* y,
+void tile(const float* x, int64_t M, int64_t K, const void* w, Rows n, int32_t dtype, int64_t N, void* y,
           float* converted) {
-  if (W == F32 || M <= MR) return passes<W, C>(x, M, K, w, n0, true, dtype, n0, N, y);
+  if (W == F32 || M <= MR) return passes<W, C>(x, M, K, w, n, true, dtype, n, N, y);
   constexpr int64_t LINE = 32;  // 2-byte elements per cache line
-  const char* ahead = static_cast<const char*>(w) + (n0 + C) * K * 2;
-  int64_t i = 0;
+  const char* base = static_cast<const char*>(w);
+  const Rows ahead = n.next(C);
+  for (int c = 0; c < C; c++) {
+    const int64_t row = n.at(c) * K, next = ahead.at(c) * K;
+    int64_t i = 0;
 #if defined(AOTPACK_AVX2)
-  for (; i + 8 <= C * K; i += 8) {
-    if (i % LINE == 0) _mm_prefetch(ahead + i * 2, _MM_HINT_T0);
-    _mm256_storeu_ps(converted + i, load8<W>(w, n0 * K + i));
-  }
+    for (; i + 8 <= K; i += 8) {
+      if (i % LINE == 0) _mm_prefetch(base + (next + i) * 2, _MM_HINT_T0);
+      _mm256_storeu_ps(converted + c * K + i, load8<W>(w, row + i));
+    }
 #endif
-  for (; i < C * K; i++) converted[i] = weight_at<W>(w, n0 * K + i);
-  passes<F32, C>(x, M, K, converted, 0, false, dtype, n0, N, y);
+    for (; i < K; i++) converted[c * K + i] = weight_at<W>(w, row + i);
+  }
+  passes<F32, C>(x, M, K, converted, Rows{0, 1}, false, dtype, n, N, y);
 }
 
-template <int W> void gemm_dense(const float* x, int64_t M, int64_t K, const void* w, int64_t N, int32_t dtype, void* y) {
-  const int64_t tiles = N / NR, rest = N % NR;
+template <int W>
+void gemm_dense(const float* x, int64_t M, int64_t K, const void* w, int64_t N, int32_t dtype, void* y) {
 #pragma omp parallel
   {
     std::vector<float> converted(W == F32 ? 0 : size_t(NR * K));  // per thread, for tile()
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles + rest; t++) {
-      if (t < tiles) tile<W, NR>(x, M, K, w, t * NR, dtype, N, y, converted.data());
-      else tile<W, 1>(x, M, K, w, tiles * NR + (t - tiles), dtype, N, y, converted.data());
+    // the team's own size (as lanes.h's gemm_as): this thread's rows [n0, n1), `tiles` micro-tiles of them
+    const int64_t team = omp_get_num_threads(), p = omp_get_thread_num();
+    const int64_t n0 = N * p / team, n1 = N * (p + 1) / team, tiles = (n1 - n0) / NR;
+    const bool runs = M <= RUNS_UP_TO;
+    for (int64_t i = 0; i < tiles; i++) {
+      const Rows rows = runs ? Rows{n0 + i, tiles} : Rows{n0 + i * NR, 1};
+      tile<W, NR>(x, M, K, w, rows, dtype, N, y, converted.data());
     }
+    for (int64_t n = n0 + NR * tiles; n < n1; n++) tile<W, 1>(x, M, K, w, Rows{n, 1}, dtype, N, y, converted.data());
   }
 }
 
