@@ -51,8 +51,8 @@ def test_the_spread_is_the_median_call_over_the_fastest(monkeypatch):
     assert timed.spread["only"] == pytest.approx(0.003 / 0.002 - 1)  # median 3 ms over 2 ms
 
 
-def _timed(spread: float, share: float) -> Interleaved:
-    return Interleaved(best={"aten": 1.0, "reduce": 2.0}, spread={"aten": 0.01, "reduce": spread}, cpu_share=share)
+def _timed(spread: float, share: float, reduce_best: float = 1.1) -> Interleaved:
+    return Interleaved(best={"aten": 1.0, "reduce": reduce_best}, spread={"aten": 0.01, "reduce": spread}, cpu_share=share)
 
 
 @pytest.mark.parametrize(
@@ -62,6 +62,19 @@ def _timed(spread: float, share: float) -> Interleaved:
 def test_noise_is_a_scattered_candidate_or_busy_cores(spread, share, noisy):
     reason = _noise(_timed(spread, share))
     assert reason is None if noisy is None else noisy in reason
+
+
+@pytest.mark.parametrize(("reduce_best", "noisy"), [(1.1, True), (1.4, True), (1.6, False), (3.0, False)])
+def test_a_scattered_loser_is_noise_only_if_its_scatter_could_have_made_it_win(reduce_best, noisy):
+    """`reduce` 50 % scattered: its fastest call, if slowed by as much, could have been 1.1 / 1.5 or
+    1.4 / 1.5 of `aten`'s (noise) but not 1.6 / 1.5 or 3.0 / 1.5 (the choice stands: `aten`)."""
+    assert (_noise(_timed(0.5, 0.7, reduce_best)) is not None) == noisy
+
+
+def test_a_scattered_winner_is_not_noise():
+    """Scatter only slows a call down: the winner's lead can only have been larger."""
+    timed = Interleaved(best={"aten": 1.0, "reduce": 1.05}, spread={"aten": 0.8, "reduce": 0.02}, cpu_share=0.7)
+    assert _noise(timed) is None
 
 
 def test_a_cuda_export_is_not_judged_by_its_idle_cpu_threads():
