@@ -7,12 +7,15 @@
 // 8 rows cost 1.6-1.9x one row), and ATen's mm at small M runs a GEMV per row in bf16 and was 3x slower
 // at M = 2 than at M = 1 in fp32. Here a micro-tile of NR = 3 weight rows and MR = 4 activation rows
 // (8 where AVX512VL gives 32 vector registers) keeps 12 (24) accumulators (vectors of 8 lanes along K) in
-// registers: per 8 columns, 3 weight loads and 4 (8) activation loads feed 12 (24) FMAs. A tile's weight
-// rows are read from memory for the first group of activation rows and from cache for the others.
+// registers: per 8 columns, 3 weight loads and 4 (8) activation loads feed 12 (24) FMAs. With AVX-512's
+// 512-bit FMAs two activation rows share a vector (micro2): 12 FMAs for 8 rows. A tile's weight rows are
+// read from memory for the first group of activation rows and from cache for the others.
 // Threads split the weight rows; in a decode step's calls a micro-tile's rows come from NR runs read side
 // by side (Rows). A step's worth of Gemma 3 270M's linears (AMD EPYC, AVX-512, 2 threads), ms: at 8 rows
 // fp32 64 (4 adjacent rows a micro-tile), 58 (8 rows), 42 (8 rows, runs); bf16 52, 33, 29; at one row
-// fp32 44 -> 25 and bf16 26 -> 13 with runs (50 GB/s, as Inductor's fused reduction reads).
+// fp32 44 -> 25 and bf16 26 -> 13 with runs (50 GB/s, as Inductor's fused reduction reads). On an AMD
+// EPYC Zen 5 (two 512-bit FMA pipes) two rows a 512-bit vector took the 8-row fp32 `lm_head` from 25-31 to
+// 16-23 ms, and at 40 rows bf16 from 113-119 to 97 ms.
 //
 // Each output's sum runs in one order whatever M, the tile or the thread (8 lanes over K in steps of 8,
 // the lanes summed by hsum, then the K % 8 tail in order), so a row's result does not depend on the batch.
@@ -33,6 +36,10 @@ constexpr int NR = 3;  // weight rows per micro-tile
 constexpr int MR = 8;
 #else
 constexpr int MR = 4;
+#endif
+// two activation rows a 512-bit vector (micro2): AVX-512 with DQ's 256-bit halves
+#if defined(AOTPACK_AVX2) && defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define AOTPACK_PAIRS 1
 #endif
 
 template <int W> inline float weight_at(const void* w, int64_t i) { return load_as_f32<W>(w, i); }
@@ -96,6 +103,55 @@ inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n,
       out[r][c] = s;
     }
 }
+
+#if defined(AOTPACK_PAIRS)
+// 8 weights in both halves of a 512-bit vector: the same vector as load8, once for each row of a pair.
+template <int W> inline __m512 load8x2(const void* w, int64_t i) {
+  if constexpr (W == F32) return _mm512_broadcast_f32x8(_mm256_loadu_ps(static_cast<const float*>(w) + i));
+  const __m256i h = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i)));
+  if constexpr (W == BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  else return _mm512_cvtph_ps(h);
+}
+
+// micro's sums for R <= 2P activation rows, two rows a 512-bit vector: each FMA computes rows 2p and
+// 2p + 1 of a pair as the 256-bit path computes each (lane l of the low half is row 2p's lane l), so the
+// bits are the same, with half the FMA instructions (the CPUs with two 512-bit FMA pipes, AMD Zen 5 and
+// Intel Xeon, run them at twice the 256-bit rate; at 8 rows a micro-tile was bound by its FMAs).
+// `pairs`: the rows' first `body` columns, pair p's 8-column blocks side by side (see paired()).
+template <int W, int P, int C>
+inline void micro2(const float* x, int64_t ldx, const float* pairs, const void* w, int64_t K, Rows n,
+                   float out[MR][NR], int64_t phase, int64_t phases, int R) {
+  constexpr int64_t SIZE = W == F32 ? 4 : 2, LINE = 64 / SIZE;
+  const Rows ahead = n.next(C);
+  const char* base = static_cast<const char*>(w);
+  int64_t fetch = phases ? phase * LINE : INT64_MAX;
+  const int64_t body = K / 8 * 8;
+  __m512 acc[P][C];
+  for (int p = 0; p < P; p++)
+    for (int c = 0; c < C; c++) acc[p][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < body; k += 8) {
+    if (k == fetch) {
+      for (int c = 0; c < C; c++) _mm_prefetch(base + (ahead.at(c) * K + k) * SIZE, _MM_HINT_T0);
+      fetch += phases * LINE;
+    }
+    __m512 wv[C];
+    for (int c = 0; c < C; c++) wv[c] = load8x2<W>(w, n.at(c) * K + k);
+    for (int p = 0; p < P; p++) {
+      __m512 xv = _mm512_loadu_ps(pairs + p * 2 * body + 2 * k);  // (row 2p, row 2p + 1) x 8 columns
+      asm("" : "+v"(xv));  // as in micro: one load for its C uses
+      for (int c = 0; c < C; c++) acc[p][c] = _mm512_fmadd_ps(xv, wv[c], acc[p][c]);
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      const __m512 a = acc[r / 2][c];
+      float s = hsum(r % 2 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a));
+      for (int64_t k = body; k < K; k++) s += x[r * ldx + k] * weight_at<W>(w, n.at(c) * K + k);
+      out[r][c] = s;
+    }
+}
+#endif
 #else
 template <int W, int R, int C>
 inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n, float out[MR][NR], int64_t,
@@ -128,14 +184,28 @@ template <int C> void store(const float out[MR][NR], int R, int64_t m, Rows n, i
 // Every activation row against weight rows `n` of w (each K long), MR at a time, into y's columns `cols`.
 // The first pass reads the rows from memory (fetched ahead), later ones from cache; with `prefetch` the
 // passes together fetch the next micro-tile's rows, each a share, so that memory streams while they compute.
+// `pairs`: x paired for micro2 (see paired()), or null.
 template <int W, int C>
-void passes(const float* x, int64_t M, int64_t K, const void* w, Rows n, bool prefetch, int32_t dtype, Rows cols,
-            int64_t N, void* y) {
+void passes(const float* x, const float* pairs, int64_t M, int64_t K, const void* w, Rows n, bool prefetch,
+            int32_t dtype, Rows cols, int64_t N, void* y) {
   float out[MR][NR];
   const int64_t phases = prefetch ? (M + MR - 1) / MR : 0;
   for (int64_t m = 0; m < M; m += MR) {
     const int64_t rows = std::min<int64_t>(MR, M - m), phase = m / MR;
     static_assert(MR == 4 || MR == 8, "the cases below cover 1 .. MR rows");
+#if defined(AOTPACK_PAIRS)
+    if (pairs != nullptr && rows > 1) {
+      const float* pm = pairs + m * (K / 8 * 8);  // pair m / 2, each 2 * body long
+      switch ((rows + 1) / 2) {
+        case 4: micro2<W, 4, C>(x + m * K, K, pm, w, K, n, out, phase, phases, int(rows)); break;
+        case 3: micro2<W, 3, C>(x + m * K, K, pm, w, K, n, out, phase, phases, int(rows)); break;
+        case 2: micro2<W, 2, C>(x + m * K, K, pm, w, K, n, out, phase, phases, int(rows)); break;
+        default: micro2<W, 1, C>(x + m * K, K, pm, w, K, n, out, phase, phases, int(rows));
+      }
+      store<C>(out, int(rows), m, cols, dtype, N, y);
+      continue;
+    }
+#endif
     switch (rows) {
 #if defined(__AVX512VL__)
       case 8: micro<W, 8, C>(x + m * K, K, w, K, n, out, phase, phases); break;
@@ -156,9 +226,9 @@ void passes(const float* x, int64_t M, int64_t K, const void* w, Rows n, bool pr
 // of C * K floats, in L1 or L2), not once per group: at 8 rows the conversions had cost as much as the
 // FMAs. The products and sums are the same either way.
 template <int W, int C>
-void tile(const float* x, int64_t M, int64_t K, const void* w, Rows n, int32_t dtype, int64_t N, void* y,
-          float* converted) {
-  if (W == F32 || M <= MR) return passes<W, C>(x, M, K, w, n, true, dtype, n, N, y);
+void tile(const float* x, const float* pairs, int64_t M, int64_t K, const void* w, Rows n, int32_t dtype, int64_t N,
+          void* y, float* converted) {
+  if (W == F32 || M <= MR) return passes<W, C>(x, pairs, M, K, w, n, true, dtype, n, N, y);
   constexpr int64_t LINE = 32;  // 2-byte elements per cache line
   const char* base = static_cast<const char*>(w);
   const Rows ahead = n.next(C);
@@ -173,11 +243,27 @@ void tile(const float* x, int64_t M, int64_t K, const void* w, Rows n, int32_t d
 #endif
     for (; i < K; i++) converted[c * K + i] = weight_at<W>(w, row + i);
   }
-  passes<F32, C>(x, M, K, converted, Rows{0, 1}, false, dtype, n, N, y);
+  passes<F32, C>(x, pairs, M, K, converted, Rows{0, 1}, false, dtype, n, N, y);
+}
+
+// x's rows two by two for micro2: pair p holds, for each 8 columns k of the first K / 8 * 8, row 2p's then
+// row 2p + 1's (zeros after an odd M's last row). M x K floats, made once a call for every thread.
+std::vector<float> paired(const float* x, int64_t M, int64_t K) {
+  const int64_t body = K / 8 * 8;
+  std::vector<float> pairs(size_t((M + 1) / 2 * 2 * body), 0.0f);
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t k = 0; k < body; k++) pairs[size_t(m / 2 * 2 * body + k / 8 * 16 + m % 2 * 8 + k % 8)] = x[m * K + k];
+  return pairs;
 }
 
 template <int W>
 void gemm_dense(const float* x, int64_t M, int64_t K, const void* w, int64_t N, int32_t dtype, void* y) {
+#if defined(AOTPACK_PAIRS)
+  const std::vector<float> paired_x = M > 1 ? paired(x, M, K) : std::vector<float>();
+  const float* pairs = M > 1 ? paired_x.data() : nullptr;
+#else
+  const float* pairs = nullptr;
+#endif
 #pragma omp parallel
   {
     std::vector<float> converted(W == F32 ? 0 : size_t(NR * K));  // per thread, for tile()
@@ -187,9 +273,10 @@ void gemm_dense(const float* x, int64_t M, int64_t K, const void* w, int64_t N, 
     const bool runs = M <= RUNS_UP_TO;
     for (int64_t i = 0; i < tiles; i++) {
       const Rows rows = runs ? Rows{n0 + i, tiles} : Rows{n0 + i * NR, 1};
-      tile<W, NR>(x, M, K, w, rows, dtype, N, y, converted.data());
+      tile<W, NR>(x, pairs, M, K, w, rows, dtype, N, y, converted.data());
     }
-    for (int64_t n = n0 + NR * tiles; n < n1; n++) tile<W, 1>(x, M, K, w, Rows{n, 1}, dtype, N, y, converted.data());
+    for (int64_t n = n0 + NR * tiles; n < n1; n++)
+      tile<W, 1>(x, pairs, M, K, w, Rows{n, 1}, dtype, N, y, converted.data());
   }
 }
 
