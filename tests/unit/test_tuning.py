@@ -52,7 +52,8 @@ def test_the_spread_is_the_median_call_over_the_fastest(monkeypatch):
 
 
 def _timed(spread: float, share: float, reduce_best: float = 1.1) -> Interleaved:
-    return Interleaved(best={"aten": 1.0, "reduce": reduce_best}, spread={"aten": 0.01, "reduce": spread}, cpu_share=share)
+    best, spreads = {"aten": 1.0, "reduce": reduce_best}, {"aten": 0.01, "reduce": spread}
+    return Interleaved(best=best, spread=spreads, cpu_share=share)
 
 
 @pytest.mark.parametrize(
