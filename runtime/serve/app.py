@@ -62,17 +62,48 @@ def create_app(rt, config: ServeConfig) -> FastAPI:
 
 def _install_guards(app: FastAPI, config: ServeConfig) -> None:
     app.add_middleware(_BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(_Guard, served=app, config=config)  # added last: the outermost
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
+
+class _Guard:
+    """Before any route: the API key and a declared body size; after it, each API response counted and
+    logged. Plain ASGI: Starlette's `http` middleware runs the app in a task of its own, which kept a
+    streaming reply generating for seconds after its client left (91 more steps of 120, against 3) and
+    hid a whole reply's hang-up from `is_disconnected()`."""
+
+    def __init__(self, app, served: FastAPI, config: ServeConfig):
+        self.app, self.served, self.config = app, served, config
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request = Request(scope)  # its headers and path: the body stays unread for the route
         request.state.arrived = time.perf_counter()
-        if config.api_key and request.url.path not in OPEN_PATHS and not _authorized(request, config.api_key):
-            return _counted(app, request, error_response(401, "invalid or missing API key", "authentication_error"))
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
-            message = f"request body over this server's limit of {config.max_body_bytes} bytes"
-            return _counted(app, request, error_response(413, message, "invalid_request_error"))
-        return _counted(app, request, await call_next(request))
+        refusal = _refusal(request, self.config)
+        if refusal is not None:
+            _counted(self.served, request, refusal.status_code)
+            return await refusal(scope, receive, send)
+        status = 500
+
+        async def sent(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, sent)
+        _counted(self.served, request, status)
+
+
+def _refusal(request: Request, config: ServeConfig) -> Response | None:
+    """A 401 without the API key, a 413 for a declared body over the limit, or None."""
+    if config.api_key and request.url.path not in OPEN_PATHS and not _authorized(request, config.api_key):
+        return error_response(401, "invalid or missing API key", "authentication_error")
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
+        message = f"request body over this server's limit of {config.max_body_bytes} bytes"
+        return error_response(413, message, "invalid_request_error")
+    return None
 
 
 class _BodyTooLarge(StarletteHTTPException):
@@ -112,13 +143,12 @@ def _authorized(request: Request, key: str) -> bool:
     return given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), key.encode())
 
 
-def _counted(app: FastAPI, request: Request, response: Response) -> Response:
-    """Count and log an API request's response; a generation's line waits for its reply's end."""
+def _counted(app: FastAPI, request: Request, status: int) -> None:
+    """Count and log an API request's response; a generation logs its own line at its reply's end."""
     if request.url.path.startswith("/v1/"):
-        app.state.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+        app.state.metrics.requests.labels(request.url.path, str(status)).inc()
         if not getattr(request.state, "generating", False):
-            access.request_done(request, response.status_code)
-    return response
+            access.request_done(request, status)
 
 
 def _install_errors(app: FastAPI) -> None:
@@ -255,14 +285,22 @@ def _submit(app: FastAPI, body, build_inputs):
 async def _unless_gone(request: Request, handle, work):
     """Await `work` (the whole reply), cancelling the request if its client hangs up meanwhile: rows
     would otherwise go on generating for nobody. (A stream notices at its next write.)"""
-    task = asyncio.ensure_future(work)
-    while not (await asyncio.wait({task}, timeout=_DISCONNECT_POLL))[0]:
-        if await request.is_disconnected():
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_hung_up(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if gone in done and gone.exception() is None and not task.done():
             handle.cancel()  # the reply then ends at the engine's next step, and the task with it
-    return task.result()
+        return await task
+    finally:
+        gone.cancel()
 
 
-_DISCONNECT_POLL = 0.25  # seconds between two looks at a non-streaming request's connection
+async def _hung_up(request: Request) -> None:
+    """Returns when the client disconnects. The body is read, so the next message is the disconnect.
+    Starlette's `is_disconnected()` looks under an already cancelled scope, and behind an `http`
+    middleware (the guard) that look never completed: it answered False after the client had gone."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _failure(error: Exception) -> ServeError:

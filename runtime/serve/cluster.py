@@ -57,19 +57,32 @@ class Replica:
     def __serve_build_asgi_app__(self):
         access.install()  # each replica's request lines, in its Ray worker's log
         app = create_app(self.rt, self.config)
-
-        @app.middleware("http")
-        async def named(request, call_next):
-            response = await call_next(request)
-            response.headers[REPLICA_HEADER] = self.name
-            return response
-
+        app.add_middleware(_Named, name=self.name)
         return app
 
     def __del__(self):
         # Ray has already drained this replica for `graceful_shutdown_timeout_s`; cancel what is left.
         if getattr(self, "rt", None) is not None:
             self.rt.engine.close(grace=0)
+
+
+class _Named:
+    """Each response names the replica that answered it (REPLICA_HEADER). Plain ASGI, as the app's guard
+    (runtime.serve.app): Starlette's `http` middleware delayed a streaming client's disconnect."""
+
+    def __init__(self, app, name: str):
+        self.app, self.header = app, (REPLICA_HEADER.lower().encode(), name.encode())
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def named(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, named)
 
 
 def deployment(config: ServeConfig, ray_config: RayConfig, rows: int):
