@@ -37,10 +37,19 @@ constexpr int MR = 8;
 #else
 constexpr int MR = 4;
 #endif
-// two activation rows a 512-bit vector (micro2): AVX-512 with DQ's 256-bit halves
+// two activation rows a 512-bit vector (micro2): AVX-512 with DQ's 256-bit halves. Its micro-tile takes up
+// to PAIR_ROWS rows: 8 pairs' 24 accumulators, 3 weight vectors and one activation vector in 32 registers.
+// bf16 and fp16 weights take all 16 (converted in the tile once for 16 rows, not into a buffer read by two
+// passes of 8: Gemma 3 270M's linears at 16 rows 41 -> 30 ms on the Zen 5 EPYC); fp32 weights take 8 (16
+// were 5-7 % slower there).
 #if defined(AOTPACK_AVX2) && defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
 #define AOTPACK_PAIRS 1
+constexpr int PAIR_ROWS = 16;
+#else
+constexpr int PAIR_ROWS = 0;
 #endif
+template <int W> constexpr int64_t pair_rows() { return W == F32 ? MR : PAIR_ROWS; }
+constexpr int OUT_ROWS = MR > PAIR_ROWS ? MR : PAIR_ROWS;  // a micro-tile's outputs, either path
 
 template <int W> inline float weight_at(const void* w, int64_t i) { return load_as_f32<W>(w, i); }
 
@@ -71,8 +80,8 @@ template <int W> inline __m256 load8(const void* w, int64_t i) {
 // `phase` of `phases` (>= 1; 0 phases: no prefetching): this pass fetches every phases-th cache line of
 // the next tile, starting at line `phase`, so the passes over a tile spread the next one's fetches evenly.
 template <int W, int R, int C>
-inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n, float out[MR][NR], int64_t phase,
-                  int64_t phases) {
+inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n, float out[OUT_ROWS][NR],
+                  int64_t phase, int64_t phases) {
   constexpr int64_t SIZE = W == F32 ? 4 : 2, LINE = 64 / SIZE;  // elements per cache line
   const Rows ahead = n.next(C);  // the next micro-tile's rows, same columns
   const char* base = static_cast<const char*>(w);
@@ -121,7 +130,7 @@ template <int W> inline __m512 load8x2(const void* w, int64_t i) {
 // `pairs`: the rows' first `body` columns, pair p's 8-column blocks side by side (see paired()).
 template <int W, int P, int C>
 inline void micro2(const float* x, int64_t ldx, const float* pairs, const void* w, int64_t K, Rows n,
-                   float out[MR][NR], int64_t phase, int64_t phases, int R) {
+                   float out[OUT_ROWS][NR], int64_t phase, int64_t phases, int R) {
   constexpr int64_t SIZE = W == F32 ? 4 : 2, LINE = 64 / SIZE;
   const Rows ahead = n.next(C);
   const char* base = static_cast<const char*>(w);
@@ -154,7 +163,7 @@ inline void micro2(const float* x, int64_t ldx, const float* pairs, const void* 
 #endif
 #else
 template <int W, int R, int C>
-inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n, float out[MR][NR], int64_t,
+inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n, float out[OUT_ROWS][NR], int64_t,
                   int64_t) {
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) {
@@ -171,7 +180,8 @@ inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n,
 }
 #endif
 
-template <int C> void store(const float out[MR][NR], int R, int64_t m, Rows n, int32_t dtype, int64_t N, void* y) {
+template <int C>
+void store(const float out[OUT_ROWS][NR], int R, int64_t m, Rows n, int32_t dtype, int64_t N, void* y) {
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) {
       const int64_t i = (m + r) * N + n.at(c);
@@ -181,22 +191,28 @@ template <int C> void store(const float out[MR][NR], int R, int64_t m, Rows n, i
     }
 }
 
-// Every activation row against weight rows `n` of w (each K long), MR at a time, into y's columns `cols`.
+// Every activation row against weight rows `n` of w (each K long), MR at a time (pair_rows<W>() with `pairs`),
+// into y's columns `cols`.
 // The first pass reads the rows from memory (fetched ahead), later ones from cache; with `prefetch` the
 // passes together fetch the next micro-tile's rows, each a share, so that memory streams while they compute.
 // `pairs`: x paired for micro2 (see paired()), or null.
 template <int W, int C>
 void passes(const float* x, const float* pairs, int64_t M, int64_t K, const void* w, Rows n, bool prefetch,
             int32_t dtype, Rows cols, int64_t N, void* y) {
-  float out[MR][NR];
-  const int64_t phases = prefetch ? (M + MR - 1) / MR : 0;
-  for (int64_t m = 0; m < M; m += MR) {
-    const int64_t rows = std::min<int64_t>(MR, M - m), phase = m / MR;
+  float out[OUT_ROWS][NR];
+  const int64_t step = pairs != nullptr ? pair_rows<W>() : MR, phases = prefetch ? (M + step - 1) / step : 0;
+  for (int64_t m = 0; m < M; m += step) {
+    const int64_t rows = std::min<int64_t>(step, M - m), phase = m / step;
     static_assert(MR == 4 || MR == 8, "the cases below cover 1 .. MR rows");
 #if defined(AOTPACK_PAIRS)
     if (pairs != nullptr && rows > 1) {
       const float* pm = pairs + m * (K / 8 * 8);  // pair m / 2, each 2 * body long
+      static_assert(PAIR_ROWS == 16, "the cases below cover 1 .. 8 pairs");
       switch ((rows + 1) / 2) {
+        case 8: micro2<W, 8, C>(x + m * K, K, pm, w, K, n, out, phase, phases, int(rows)); break;
+        case 7: micro2<W, 7, C>(x + m * K, K, pm, w, K, n, out, phase, phases, int(rows)); break;
+        case 6: micro2<W, 6, C>(x + m * K, K, pm, w, K, n, out, phase, phases, int(rows)); break;
+        case 5: micro2<W, 5, C>(x + m * K, K, pm, w, K, n, out, phase, phases, int(rows)); break;
         case 4: micro2<W, 4, C>(x + m * K, K, pm, w, K, n, out, phase, phases, int(rows)); break;
         case 3: micro2<W, 3, C>(x + m * K, K, pm, w, K, n, out, phase, phases, int(rows)); break;
         case 2: micro2<W, 2, C>(x + m * K, K, pm, w, K, n, out, phase, phases, int(rows)); break;
@@ -228,7 +244,8 @@ void passes(const float* x, const float* pairs, int64_t M, int64_t K, const void
 template <int W, int C>
 void tile(const float* x, const float* pairs, int64_t M, int64_t K, const void* w, Rows n, int32_t dtype, int64_t N,
           void* y, float* converted) {
-  if (W == F32 || M <= MR) return passes<W, C>(x, pairs, M, K, w, n, true, dtype, n, N, y);
+  const int64_t step = pairs != nullptr ? pair_rows<W>() : MR;  // rows a pass (see passes)
+  if (W == F32 || M <= step) return passes<W, C>(x, pairs, M, K, w, n, true, dtype, n, N, y);
   constexpr int64_t LINE = 32;  // 2-byte elements per cache line
   const char* base = static_cast<const char*>(w);
   const Rows ahead = n.next(C);
