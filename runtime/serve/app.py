@@ -83,7 +83,7 @@ class _Guard:
         if refusal is not None:
             _counted(self.served, request, refusal.status_code)
             return await refusal(scope, receive, send)
-        status = 500
+        status = None
 
         async def sent(message):
             nonlocal status
@@ -91,8 +91,16 @@ class _Guard:
                 status = message["status"]
             await send(message)
 
-        await self.app(scope, receive, sent)
-        _counted(self.served, request, status)
+        try:
+            await self.app(scope, receive, sent)
+        except asyncio.CancelledError:  # Ray cancels a request whose client left; a shutdown, what is left
+            status = status or 499
+            raise
+        except Exception:
+            status = status or 500
+            raise
+        finally:
+            _counted(self.served, request, status or 500)
 
 
 def _refusal(request: Request, config: ServeConfig) -> Response | None:
@@ -293,6 +301,8 @@ async def _unless_gone(request: Request, handle, work):
         return await task
     finally:
         gone.cancel()
+        for left in (task, gone):  # when this coroutine is itself cancelled: their errors are read, not logged
+            left.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 async def _hung_up(request: Request) -> None:
