@@ -68,6 +68,16 @@ struct Rows {
   Rows next(int C) const { return {first + (apart == 1 ? C : 1), apart}; }  // the micro-tile after this one
 };
 
+// Rows a pass of `passes` (and tile()'s threshold for converting into a buffer first).
+template <int W> int64_t rows_a_pass(const float* pairs) { return pairs != nullptr ? pair_rows<W>() : MR; }
+
+// s, the sum of a row's first `body` products, plus the K % 8 tail's in order: every path ends a sum so.
+template <int W>
+inline float with_tail(float s, const float* xr, const void* w, int64_t row, int64_t body, int64_t K) {
+  for (int64_t k = body; k < K; k++) s += xr[k] * weight_at<W>(w, row + k);
+  return s;
+}
+
 #if defined(AOTPACK_AVX2)
 template <int W> inline __m256 load8(const void* w, int64_t i) {
   if constexpr (W == F32) return _mm256_loadu_ps(static_cast<const float*>(w) + i);
@@ -76,25 +86,36 @@ template <int W> inline __m256 load8(const void* w, int64_t i) {
   else return _mm256_cvtph_ps(h);
 }
 
-// y[m0 .. m0 + R, those C columns] for R <= MR activation rows (fp32, ldx apart) and C <= NR weight rows.
-// `phase` of `phases` (>= 1; 0 phases: no prefetching): this pass fetches every phases-th cache line of
-// the next tile, starting at line `phase`, so the passes over a tile spread the next one's fetches evenly.
+// A pass's share of fetching the next micro-tile's C rows (same columns) while it computes this one's:
+// `phase` of `phases` (>= 1; 0 phases: no prefetching), every phases-th cache line from line `phase`, so
+// the passes over a tile spread the next one's fetches evenly. at(k) as the pass reaches column k.
+template <int W, int C> struct Prefetch {
+  static constexpr int64_t SIZE = W == F32 ? 4 : 2, LINE = 64 / SIZE;  // elements per cache line
+  const char* base;
+  Rows ahead;
+  int64_t K, phases, fetch;  // fetch: the next column whose line this pass fetches
+  Prefetch(const void* w, Rows n, int64_t K, int64_t phase, int64_t phases)
+      : base(static_cast<const char*>(w)), ahead(n.next(C)), K(K), phases(phases),
+        fetch(phases ? phase * LINE : INT64_MAX) {}
+  void at(int64_t k) {
+    if (k != fetch) return;
+    for (int c = 0; c < C; c++) _mm_prefetch(base + (ahead.at(c) * K + k) * SIZE, _MM_HINT_T0);  // never faults
+    fetch += phases * LINE;
+  }
+};
+
+// y[m0 .. m0 + R, those C columns] for R <= MR activation rows (fp32, ldx apart) and C <= NR weight rows,
+// prefetching a share of the next micro-tile (Prefetch).
 template <int W, int R, int C>
 inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n, float out[OUT_ROWS][NR],
                   int64_t phase, int64_t phases) {
-  constexpr int64_t SIZE = W == F32 ? 4 : 2, LINE = 64 / SIZE;  // elements per cache line
-  const Rows ahead = n.next(C);  // the next micro-tile's rows, same columns
-  const char* base = static_cast<const char*>(w);
-  int64_t fetch = phases ? phase * LINE : INT64_MAX;  // the next column whose line this pass fetches
+  Prefetch<W, C> prefetch(w, n, K, phase, phases);
   __m256 acc[R][C];
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
   const int64_t body = K / 8 * 8;
   for (int64_t k = 0; k < body; k += 8) {
-    if (k == fetch) {  // a hint: it never faults, past the last tile included
-      for (int c = 0; c < C; c++) _mm_prefetch(base + (ahead.at(c) * K + k) * SIZE, _MM_HINT_T0);
-      fetch += phases * LINE;
-    }
+    prefetch.at(k);
     __m256 wv[C];
     for (int c = 0; c < C; c++) wv[c] = load8<W>(w, n.at(c) * K + k);
     for (int r = 0; r < R; r++) {
@@ -106,11 +127,7 @@ inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n,
     }
   }
   for (int r = 0; r < R; r++)
-    for (int c = 0; c < C; c++) {
-      float s = hsum(acc[r][c]);
-      for (int64_t k = body; k < K; k++) s += x[r * ldx + k] * weight_at<W>(w, n.at(c) * K + k);
-      out[r][c] = s;
-    }
+    for (int c = 0; c < C; c++) out[r][c] = with_tail<W>(hsum(acc[r][c]), x + r * ldx, w, n.at(c) * K, body, K);
 }
 
 #if defined(AOTPACK_PAIRS)
@@ -131,19 +148,13 @@ template <int W> inline __m512 load8x2(const void* w, int64_t i) {
 template <int W, int P, int C>
 inline void micro2(const float* x, int64_t ldx, const float* pairs, const void* w, int64_t K, Rows n,
                    float out[OUT_ROWS][NR], int64_t phase, int64_t phases, int R) {
-  constexpr int64_t SIZE = W == F32 ? 4 : 2, LINE = 64 / SIZE;
-  const Rows ahead = n.next(C);
-  const char* base = static_cast<const char*>(w);
-  int64_t fetch = phases ? phase * LINE : INT64_MAX;
+  Prefetch<W, C> prefetch(w, n, K, phase, phases);
   const int64_t body = K / 8 * 8;
   __m512 acc[P][C];
   for (int p = 0; p < P; p++)
     for (int c = 0; c < C; c++) acc[p][c] = _mm512_setzero_ps();
   for (int64_t k = 0; k < body; k += 8) {
-    if (k == fetch) {
-      for (int c = 0; c < C; c++) _mm_prefetch(base + (ahead.at(c) * K + k) * SIZE, _MM_HINT_T0);
-      fetch += phases * LINE;
-    }
+    prefetch.at(k);
     __m512 wv[C];
     for (int c = 0; c < C; c++) wv[c] = load8x2<W>(w, n.at(c) * K + k);
     for (int p = 0; p < P; p++) {
@@ -155,9 +166,8 @@ inline void micro2(const float* x, int64_t ldx, const float* pairs, const void* 
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) {
       const __m512 a = acc[r / 2][c];
-      float s = hsum(r % 2 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a));
-      for (int64_t k = body; k < K; k++) s += x[r * ldx + k] * weight_at<W>(w, n.at(c) * K + k);
-      out[r][c] = s;
+      const float s = hsum(r % 2 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a));
+      out[r][c] = with_tail<W>(s, x + r * ldx, w, n.at(c) * K, body, K);
     }
 }
 #endif
@@ -173,9 +183,7 @@ inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n,
         for (int l = 0; l < 8; l++) lanes[l] += x[r * ldx + k + l] * weight_at<W>(w, n.at(c) * K + k + l);
       // hsum's order: lanes (0+4, 1+5, 2+6, 3+7), then (a+c, b+d), then the two
       const float a = lanes[0] + lanes[4], b = lanes[1] + lanes[5], c2 = lanes[2] + lanes[6], d = lanes[3] + lanes[7];
-      float s = (a + c2) + (b + d);
-      for (int64_t k = body; k < K; k++) s += x[r * ldx + k] * weight_at<W>(w, n.at(c) * K + k);
-      out[r][c] = s;
+      out[r][c] = with_tail<W>((a + c2) + (b + d), x + r * ldx, w, n.at(c) * K, body, K);
     }
 }
 #endif
@@ -200,7 +208,7 @@ template <int W, int C>
 void passes(const float* x, const float* pairs, int64_t M, int64_t K, const void* w, Rows n, bool prefetch,
             int32_t dtype, Rows cols, int64_t N, void* y) {
   float out[OUT_ROWS][NR];
-  const int64_t step = pairs != nullptr ? pair_rows<W>() : MR, phases = prefetch ? (M + step - 1) / step : 0;
+  const int64_t step = rows_a_pass<W>(pairs), phases = prefetch ? (M + step - 1) / step : 0;
   for (int64_t m = 0; m < M; m += step) {
     const int64_t rows = std::min<int64_t>(step, M - m), phase = m / step;
     static_assert(MR == 4 || MR == 8, "the cases below cover 1 .. MR rows");
@@ -244,8 +252,7 @@ void passes(const float* x, const float* pairs, int64_t M, int64_t K, const void
 template <int W, int C>
 void tile(const float* x, const float* pairs, int64_t M, int64_t K, const void* w, Rows n, int32_t dtype, int64_t N,
           void* y, float* converted) {
-  const int64_t step = pairs != nullptr ? pair_rows<W>() : MR;  // rows a pass (see passes)
-  if (W == F32 || M <= step) return passes<W, C>(x, pairs, M, K, w, n, true, dtype, n, N, y);
+  if (W == F32 || M <= rows_a_pass<W>(pairs)) return passes<W, C>(x, pairs, M, K, w, n, true, dtype, n, N, y);
   constexpr int64_t LINE = 32;  // 2-byte elements per cache line
   const char* base = static_cast<const char*>(w);
   const Rows ahead = n.next(C);

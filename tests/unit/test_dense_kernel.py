@@ -1,6 +1,6 @@
 """aotpack's dense GEMM (exporter/csrc/dense.cpp, runtime.quant.dense) against fp64, on each instruction
 path this machine can run: fp32, bf16 and fp16 weights and activations, odd shapes (K not a multiple of 8,
-N not a multiple of the 3-row tile, N = 1, M not a multiple of the micro-tile's 4 rows (8 on AVX-512), 40
+N not a multiple of the 3-row tile, N = 1, M not a multiple of the micro-tile's 4 rows (8 or 16 on AVX-512), 40
 rows as a verify graph at batch 8), strided activations, a row's bits independent of the batch and of the
 vector path, and operands it refuses."""
 
