@@ -96,11 +96,8 @@ class _Guard:
         except asyncio.CancelledError:  # Ray cancels a request whose client left; a shutdown, what is left
             status = status or 499
             raise
-        except Exception:
-            status = status or 500
-            raise
         finally:
-            _counted(self.served, request, status or 500)
+            _counted(self.served, request, status or 500)  # 500: an error before any reply
 
 
 def _refusal(request: Request, config: ServeConfig) -> Response | None:
