@@ -210,6 +210,35 @@ def graphs_stepped(rt, verify: list | None = None):
         rt.decode._runs, rt.decode._verifies = runs, verifies
 
 
+class ScriptedDrafter:
+    """The engine's drafter interface (runtime.engine.speculation.Drafter) for drafts a test scripts:
+    subclasses say what to `propose`; it expects all its drafts accepted and counts what happens."""
+
+    drafted = accepted = declines = 0
+
+    def expected(self, drafts: int) -> float:
+        return 1.0 + drafts
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.drafted, self.accepted = self.drafted + drafted, self.accepted + accepted
+
+    def declined(self) -> None:
+        self.declines += 1
+
+
+@contextmanager
+def verifying_whenever_drafted(rt):
+    """Inside the block the engine runs a verify step whenever a row drafts: its cost policy
+    (StepCosts.pays) reads the machine's recent step times, and a test of what a verify step computes
+    must not depend on how loaded the machine was (a slow verify step under CI load declined them)."""
+    costs = rt.engine.costs
+    costs.pays = lambda *args: True
+    try:
+        yield
+    finally:
+        del costs.pays
+
+
 def prefilled_step(rt, ids, rows: int | None = None):
     """Eager prefill of one prompt `ids` (1, S), repeated in `rows` rows (default: the smallest batch the
     runtime's decode steps), into fresh cache tensors; returns the next decode call's inputs

@@ -16,6 +16,7 @@ thread and a dropped Runtime is freed.
 from __future__ import annotations
 
 import atexit
+import logging
 import threading
 import time
 import weakref
@@ -35,6 +36,8 @@ from runtime.engine.speculation import Drafter, StepCosts, draft_tokens
 from runtime.engine.status import FinishReason, Status
 from runtime.errors import RuntimeBusyError
 from runtime.format.contract import DecodeContract
+
+LOG = logging.getLogger("aotpack.engine")
 
 
 class Engine:
@@ -184,8 +187,10 @@ class Engine:
                 while (plan := self._next_plan()) is not None:
                     self._carry_out(plan)
         except BaseException as e:  # a bug of the engine's own: nobody may be left waiting on a dead loop
+            # Logged, not raised: each request it held gets the error, and an exception escaping a thread
+            # only reaches threading.excepthook (which a test runner turns into a crashed worker).
+            LOG.exception("the engine's loop failed; its requests fail with the error, the next one starts a new loop")
             self._abandon(e)
-            raise
 
     def _abandon(self, error: BaseException) -> None:
         """Fail every request the loop held or queued, and let the next submission start a new loop."""

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import LOGIT_ATOL, assert_each_matches_lone_generate, graphs_stepped, lone_generate, staggered
+from helpers import (
+    LOGIT_ATOL,
+    ScriptedDrafter,
+    assert_each_matches_lone_generate,
+    graphs_stepped,
+    lone_generate,
+    staggered,
+    verifying_whenever_drafted,
+)
 
 from runtime.errors import InvalidInputError
 
@@ -24,11 +32,11 @@ def rt(runtime):
     return runtime(NAME, *OPTIONS)
 
 
-class Oracle:
+class Oracle(ScriptedDrafter):
     """Drafts the tokens HF chooses (`truth` (n,)), every third one wrong."""
 
     def __init__(self, truth: torch.Tensor, prompt: int):
-        self.truth, self.prompt, self.calls, self.accepted = truth, prompt, 0, 0
+        self.truth, self.prompt, self.calls = truth, prompt, 0
 
     def propose(self, history, room):
         at, self.calls = history.shape[1] - self.prompt, self.calls + 1
@@ -36,12 +44,6 @@ class Oracle:
         if self.calls % 3 == 0 and drafts.numel() > 1:
             drafts[1] = (drafts[1] + 1) % 300
         return drafts if drafts.numel() else None
-
-    def expected(self, drafts):
-        return 1.0 + drafts
-
-    def record(self, drafted, accepted):
-        self.accepted += accepted
 
 
 def test_the_bundle_has_a_verify_graph_checked_at_export_and_rings_with_room_for_drafts(rt):
@@ -66,7 +68,7 @@ def test_drafted_greedy_decoding_equals_hf_through_the_compiled_verify_graph(rt,
     ref_tokens, ref_logits = lone_generate(reference(NAME), {"input_ids": ids}, **GREEDY)
     oracle = Oracle(ref_tokens[0], ids.shape[1])
     verified = []
-    with graphs_stepped(rt, verified):
+    with graphs_stepped(rt, verified), verifying_whenever_drafted(rt):
         request = rt.validator.request(ids, **GREEDY)
         steps = list(rt.engine.submit(request, want_logits=True, drafter=oracle))
     tokens, logits = torch.stack([t for t, _ in steps], 1), torch.stack([lg for _, lg in steps], 1)

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 
 import pytest
 import torch
@@ -112,6 +114,28 @@ def test_failed(rt, monkeypatch):
     with pytest.raises(RuntimeError, match="exploded"):
         handle.result()
     assert handle.finish_reasons == (FinishReason.FAILED,)
+
+
+def test_a_bug_in_the_engines_loop_fails_its_requests_is_logged_and_the_next_request_runs(rt, monkeypatch, caplog):
+    """An exception of the engine's own (not a request's) ends its loop: every request it held fails with
+    it, it goes to the log, no exception escapes the thread (threading.excepthook), and a new loop serves
+    the next request."""
+    carry_out = rt.engine._carry_out
+
+    def once(plan):
+        monkeypatch.setattr(rt.engine, "_carry_out", carry_out)
+        raise RuntimeError("engine bug")
+
+    monkeypatch.setattr(rt.engine, "_carry_out", once)
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
+    with caplog.at_level(logging.ERROR, logger="aotpack.engine"):
+        handle = rt.submit(PROMPT, max_new_tokens=4)
+        with pytest.raises(RuntimeError, match="engine bug"):
+            handle.result()
+    assert handle.finish_reasons == (FinishReason.FAILED,) and not escaped
+    assert "engine bug" in caplog.text
+    assert rt.submit(PROMPT, max_new_tokens=4).result().shape[1] == PROMPT.shape[1] + 4
 
 
 @pytest.mark.parametrize(

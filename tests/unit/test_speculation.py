@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import LOGIT_ATOL, assert_each_matches_lone_generate, lone_generate, staggered
+from helpers import (
+    LOGIT_ATOL,
+    ScriptedDrafter,
+    assert_each_matches_lone_generate,
+    lone_generate,
+    staggered,
+    verifying_whenever_drafted,
+)
 
 from runtime.engine.speculation import Drafter, StepCosts, draft_tokens, rejection_sample
 
@@ -17,14 +24,13 @@ DRAFTS, NEW = 4, 40  # 40 tokens: 5 windows of 8
 GREEDY = {"max_new_tokens": NEW, "min_new_tokens": NEW, "do_sample": False}
 
 
-class Oracle:
+class Oracle(ScriptedDrafter):
     """Drafts the tokens plain decoding will choose (`truth`, (n,)), each wrong with probability `wrong`
     (seeded): accepted, partly accepted and rejected drafts in one request."""
 
     def __init__(self, truth: torch.Tensor, prompt: int, wrong: float, seed: int = 0):
         self.truth, self.prompt, self.wrong = truth, prompt, wrong
         self.rng = torch.Generator().manual_seed(seed)
-        self.drafted = self.accepted = 0
 
     def propose(self, history: torch.Tensor, room: int):
         at = history.shape[1] - self.prompt
@@ -32,12 +38,6 @@ class Oracle:
         flip = torch.rand(drafts.shape, generator=self.rng) < self.wrong
         drafts[flip] = (drafts[flip] + 1) % 300
         return drafts if drafts.numel() else None
-
-    def expected(self, drafts: int) -> float:
-        return 1.0 + drafts
-
-    def record(self, drafted: int, accepted: int) -> None:
-        self.drafted, self.accepted = self.drafted + drafted, self.accepted + accepted
 
 
 def _prompt(length: int, seed: int) -> torch.Tensor:
@@ -62,7 +62,8 @@ def test_greedy_tokens_and_logits_equal_hf_whatever_the_drafts(eager_runtime, re
     ids = _prompt(12, seed=1)
     ref_tokens, ref_logits = lone_generate(reference(name), {"input_ids": ids}, **GREEDY)
     oracle = Oracle(ref_tokens[0], ids.shape[1], wrong)
-    tokens, logits = _run(rt, ids, oracle)
+    with verifying_whenever_drafted(rt):
+        tokens, logits = _run(rt, ids, oracle)
     assert torch.equal(tokens, ref_tokens)
     assert (logits - ref_logits).abs().max().item() < LOGIT_ATOL
     assert rt.engine.verify_steps > 0 and oracle.drafted > 0
@@ -169,20 +170,14 @@ def test_a_verify_step_runs_only_when_its_expected_tokens_beat_the_decode_steps_
     assert costs.pays(1, 1, rows=1, expected=3.0) and not costs.pays(1, 1, rows=1, expected=2.0)
 
 
-class Fixed:
-    """Always drafts the same tokens, and always expects them to pay (so every step verifies)."""
+class Fixed(ScriptedDrafter):
+    """Always drafts the same tokens."""
 
     def __init__(self, drafts: list[int]):
         self.drafts = torch.tensor(drafts)
 
     def propose(self, history, room):
         return self.drafts[:room] if room else None
-
-    def expected(self, drafts):
-        return 100.0
-
-    def record(self, drafted, accepted):
-        pass
 
 
 def test_sampling_through_verify_steps_draws_the_models_own_distribution(eager_runtime):
@@ -200,10 +195,11 @@ def test_sampling_through_verify_steps_draws_the_models_own_distribution(eager_r
     draft = [int(top[0]), int(top[4])]
     counts = torch.zeros(5)
     generator = torch.Generator().manual_seed(0)
-    for _ in range(400):
-        handle = rt.engine.submit(rt.validator.request(ids, generator=generator, **options), drafter=Fixed(draft))
-        first = int(handle.result()[0, ids.shape[1]])
-        counts[(top == first).nonzero()[0, 0]] += 1
+    with verifying_whenever_drafted(rt):
+        for _ in range(400):
+            request = rt.validator.request(ids, generator=generator, **options)
+            first = int(rt.engine.submit(request, drafter=Fixed(draft)).result()[0, ids.shape[1]])
+            counts[(top == first).nonzero()[0, 0]] += 1
     assert rt.engine.verify_steps >= 400
     expected = probs[top] / probs[top].sum() * counts.sum()
     chi2 = float(((counts - expected) ** 2 / expected).sum())
