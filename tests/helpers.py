@@ -93,15 +93,29 @@ def staggered(submit, requests):
     Returns [(tokens (b, n), logits (b, n, vocab))] in request order."""
     streams, heads = [], []
     for inputs, options, seed in requests:
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        stream = iter(submit(inputs, generator, **options))
+        stream = iter(submit(inputs, _seeded(seed), **options))
         heads.append([next(stream), next(stream)])
         streams.append(stream)
-    results = []
-    for stream, head in zip(streams, heads, strict=True):
-        steps = head + list(stream)
-        results.append((torch.stack([t for t, _ in steps], 1), torch.stack([s for _, s in steps], 1)))
-    return results
+    return [_collected(head + list(stream)) for stream, head in zip(streams, heads, strict=True)]
+
+
+def admitted_together(engine, submit, requests):
+    """Submit (inputs, options, seed) requests so that `engine` admits them in one iteration: they are
+    all in use at once whatever the machine's load (`staggered`'s joins depend on its timing). Returns
+    what `staggered` returns."""
+    with engine.together():
+        handles = [submit(inputs, _seeded(seed), **options) for inputs, options, seed in requests]
+    return [_collected(handle) for handle in handles]
+
+
+def _seeded(seed: int | None) -> torch.Generator | None:
+    return torch.Generator().manual_seed(seed) if seed is not None else None
+
+
+def _collected(steps) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens (b, n), logits (b, n, vocab)) of a handle's or stream's (tokens, logits) steps."""
+    steps = list(steps)
+    return torch.stack([t for t, _ in steps], 1), torch.stack([s for _, s in steps], 1)
 
 
 def submitter(rt):

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import GREEDY, assert_each_matches_lone_generate, assert_parity, graphs_stepped, staggered, submitter
+from helpers import (
+    GREEDY,
+    admitted_together,
+    assert_each_matches_lone_generate,
+    assert_parity,
+    graphs_stepped,
+    staggered,
+    submitter,
+)
 
 from runtime.backends.checks import lend_constants
 from runtime.model.positions import RowPositions
@@ -63,16 +71,23 @@ def test_each_graph_matches_hf_past_the_window(rt, reference, rows, graph):
 
 
 def test_the_engine_steps_the_smallest_graph_covering_the_rows_in_use(rt, reference):
-    """Staggered requests join and leave: a request alone steps the batch-1 graph, two to four the
-    batch-4 one, five or more the batch-8 one; each request matches HF alone."""
+    """Requests join and leave: a request alone steps the batch-1 graph; six admitted together step the
+    batch-8 one, the batch-4 one once four rows are left, the batch-1 one once one is; each request
+    matches HF alone."""
     plan = [(_left_padded(1), GREEDY, None)]
     with graphs_stepped(rt) as stepped:
         assert_each_matches_lone_generate(reference(NAME), plan, staggered(submitter(rt), plan))
     assert set(stepped) == {1}
-    plan = [({"input_ids": torch.randint(3, 300, (1, 5 + i))}, GREEDY, None) for i in range(6)]
+    lengths = (40, 32, 24, 20, 12, 8)  # row i ends first the higher i is: the rows in use stay 0..n-1
+    plan = [({"input_ids": torch.randint(3, 300, (1, 5 + i))}, _new(n), None) for i, n in enumerate(lengths)]
     with graphs_stepped(rt) as stepped:
-        assert_each_matches_lone_generate(reference(NAME), plan, staggered(submitter(rt), plan))
-    assert set(stepped) <= {1, 4, 8} and {4, 8} <= set(stepped)
+        assert_each_matches_lone_generate(reference(NAME), plan, admitted_together(rt.engine, submitter(rt), plan))
+    widths = [8] * 12 + [4] * (32 - 12) + [1] * (40 - 32)  # a token a step (the prompt's last token's too)
+    assert stepped == widths, [(w, stepped.count(w)) for w in (8, 4, 1)]
+
+
+def _new(tokens: int) -> dict:
+    return {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False}
 
 
 @torch.inference_mode()

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 import torch
-from helpers import GREEDY, SAMPLED, assert_each_matches_lone_generate, lone_generate, staggered
+from helpers import GREEDY, SAMPLED, admitted_together, assert_each_matches_lone_generate, lone_generate, staggered
 
 from runtime.engine.engine import Engine
 from runtime.errors import EngineClosedError, ImageInputError, InvalidInputError, RuntimeBusyError
@@ -367,7 +367,8 @@ def test_the_engine_steps_the_smallest_graph_that_covers_the_rows_in_use(eager_r
     for count, widest in ((1, 1), (3, 4), (5, 8)):
         stepped.clear()
         plan = [(p, GREEDY, None) for p in _prompts(rt, [4 + 3 * i for i in range(count)])]
-        assert_each_matches_lone_generate(rt.model, plan, _staggered(rt, plan))
+        results = admitted_together(rt.engine, lambda inputs, generator, **o: _submit(rt, inputs, generator, **o), plan)
+        assert_each_matches_lone_generate(rt.model, plan, results)
         assert set(stepped) <= {1, 4, 8} and max(stepped) == widest, (count, sorted(set(stepped)))
 
 
