@@ -77,11 +77,19 @@ def _cache_dir() -> Path:
     return cache_dir() / "kernels"
 
 
-def build(cpu_isa: str = "native", isa_override: str | None = None, log=print, serve: bool = True) -> Built:
+# The integer kernels' other pass shape (exporter/csrc/lanes.h, tiles_a_pass): one weight tile a pass.
+ONE_TILE = "-DAOTPACK_ONE_TILE"
+
+
+def build(
+    cpu_isa: str = "native", isa_override: str | None = None, log=print, serve: bool = True, one_tile: bool = False
+) -> Built:
     """The library for `cpu_isa`, compiled (or taken from the cache) and loaded into this process; with
-    `serve`, the eager op runs on it (if no library serves it yet), as the exporter's parity gate needs."""
+    `serve`, the eager op runs on it (if no library serves it yet), as the exporter's parity gate needs.
+    `one_tile`: the integer kernels take one weight tile a pass (same bits; exporter.quant_family times
+    both builds)."""
     compiler = cpp_compiler()
-    flags = (*_FLAGS, *target_flags(cpu_isa, isa_override))
+    flags = (*_FLAGS, *((ONE_TILE,) if one_tile else ()), *target_flags(cpu_isa, isa_override))
     build_id = _build_id(compiler, flags)
     soname = f"libaotpack-kernels-{build_id}.so"
     path = _cache_dir() / build_id / soname
@@ -89,7 +97,8 @@ def build(cpu_isa: str = "native", isa_override: str | None = None, log=print, s
         _compile(compiler, flags, soname, path, log)
     version = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
     library = native.Library(path)  # compiled for this host (or a path the caller knows it runs)
-    record = NativeKernels(KERNELS, soname, library.isa, native.ABI, f"{Path(compiler).name} {version} {flags[-1]}")
+    built_as = " ".join((Path(compiler).name, version, flags[-1], *((ONE_TILE,) if one_tile else ())))
+    record = NativeKernels(KERNELS, soname, library.isa, native.ABI, built_as)
     if serve:
         native.register(library)
     return Built(path, record, library)

@@ -215,15 +215,14 @@ def fastest(shape: WeightShape, dtype, device: str, inductor_options: dict, batc
 def race(entrants: dict, dtype, device: str, batch: int) -> tuple[dict[str, float], str | None]:
     """Kernels that read weights of different layouts, `entrants`: name -> (shape, candidate, Inductor
     options), each on operands of its own layout, timed against each other in one interleaved run at
-    `batch`. Returns each one's rate (GB/s of its packed weight) and why the timing was noise (or None)."""
+    `batch`. A candidate is a name in CANDIDATES, or a function run as it is (aotpack's kernels through a
+    given build). Returns each one's rate (GB/s of its packed weight) and why the timing was noise (or None)."""
     fns, sizes = {}, {}
     torch.compiler.reset()
     for name, (shape, candidate, options) in entrants.items():
         args = _example(shape, _timed_rows(shape, dtype), dtype, device, batch)
-        fns[name], sizes[name] = (
-            functools.partial(_runnable(CANDIDATES[shape.op][candidate], options), *args),
-            _weight_bytes(args),
-        )
+        fn = candidate if callable(candidate) else _runnable(CANDIDATES[shape.op][candidate], options)
+        fns[name], sizes[name] = functools.partial(fn, *args), _weight_bytes(args)
     with float_environment_kept():
         timed = interleaved_seconds(fns, threads=torch.get_num_threads())
     rates = {name: round(sizes[name] / seconds / 1e9, 2) for name, seconds in timed.best.items()}

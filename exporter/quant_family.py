@@ -7,7 +7,9 @@ family's fastest candidate, raced against the other's in one interleaved run, as
 its candidates: exporter.lowering.race), and the family with the smaller total time wins; the rates go
 in the manifest (`quantization.kernel_rates`). When the timing was noise (the export did not get its
 cores, or a kernel's calls spread widely), the known-good family is kept, and the manifest says why
-(`quantization.kernel_noise`). The
+(`quantization.kernel_noise`). First the integer kernels' two builds (several weight tiles a pass or
+one: exporter/csrc/lanes.h, the same bits) race the same way, and the faster one is the family's
+entrant, serves the export's eager op and goes in the bundle: which wins depends on the CPU. The
 choice is per bundle, not per weight: the two families compute different numbers (the integer family
 quantizes the activations too) and store different layouts, and the eager prefill must compute what
 every decode graph computes. CUDA bundles take Inductor's: the integer kernels are CPU code.
@@ -15,21 +17,25 @@ every decode graph computes. CUDA bundles take Inductor's: the integer kernels a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from exporter import kernels
 from exporter.compile import kernel_options
 from exporter.config import ExportConfig
-from exporter.lowering import WeightShape, fastest, race
+from exporter.lowering import CANDIDATES, DOT, WeightShape, fastest, race
 from runtime.format.manifest import Quantization
 from runtime.format.quant import INDUCTOR, INTEGER, QuantSpec
-from runtime.quant import scheme
+from runtime.quant import native, scheme
 
 # Kept when the timing is noise: the family that won at batch 1 on every idle machine measured (on the AVX2
 # EPYC, aotpack's kernels decode int8 and int4 at 1.36x and 1.38x llama.cpp's; Inductor's, 0.97x and 0.80x).
 KNOWN_GOOD = INTEGER
+# The integer kernels' builds (exporter.kernels.build's one_tile), and the one kept when their timing is
+# noise: several tiles a pass won on the machines before the AMD EPYC Zen 5, where one tile won.
+BUILDS = {"tiles": False, "one-tile": True}
+KNOWN_GOOD_BUILD = "tiles"
 
 
 @dataclass(frozen=True)
@@ -42,24 +48,23 @@ class Family:
 
 def choose(config: ExportConfig, plan: Quantization, shapes: dict[str, tuple[int, int]], log=print) -> Family:
     """`plan`: the bundle's quantization as planned; `shapes`: each quantized module's (rows, cols)."""
-    if config.device != "cpu":
+    if config.device != "cpu" or config.quant_kernels == INDUCTOR:
         return Family(INDUCTOR, {}, None)
-    if config.quant_kernels == INDUCTOR:
-        return Family(INDUCTOR, {}, None)
-    built = kernels.build(config.cpu_isa, log=log)
-    if config.quant_kernels == INTEGER:
-        return Family(INTEGER, {}, built)
     main = [shape for path, shape in shapes.items() if plan.spec(path).method == plan.method]
     rows, cols = max(main, key=lambda s: s[0] * s[1])
-    dtype, rates, noise = getattr(torch, config.dtype), {}, []
+    dtype = getattr(torch, config.dtype)
+    integer = WeightShape(scheme(QuantSpec(plan.method, plan.group_size, INTEGER)).name, rows, cols, plan.group_size)
+    built, build_rates, build_noise = _integer_build(config, integer, dtype, log)
+    if config.quant_kernels == INTEGER:
+        return Family(INTEGER, build_rates, built, build_noise)
+    rates, noise = {}, []
     for batch in sorted({1, config.batch_size}):
-        entrants = {}
-        for family in (INTEGER, INDUCTOR):
-            shape = WeightShape(
-                scheme(QuantSpec(plan.method, plan.group_size, family)).name, rows, cols, plan.group_size
-            )
-            options = kernel_options(config.device, config.cpu_isa, dequantizing=family == INDUCTOR)
-            entrants[family] = (shape, fastest(shape, dtype, config.device, options, batch, log), options)
+        inductor = replace(integer, op=scheme(QuantSpec(plan.method, plan.group_size, INDUCTOR)).name)
+        options = kernel_options(config.device, config.cpu_isa, dequantizing=True)
+        entrants = {
+            INTEGER: (integer, _through(built.library, integer), {}),
+            INDUCTOR: (inductor, fastest(inductor, dtype, config.device, options, batch, log), options),
+        }
         raced, noisy = race(entrants, dtype, config.device, batch)
         rates |= {f"{family}@{batch}": rate for family, rate in raced.items()}
         noise += [f"at batch {batch}, {noisy}"] if noisy else []
@@ -67,4 +72,36 @@ def choose(config: ExportConfig, plan: Quantization, shapes: dict[str, tuple[int
     chosen = KNOWN_GOOD if noise else min(seconds, key=seconds.get)
     kept = f"; {'; '.join(noise)}: kept the known-good {chosen}" if noise else ""
     log(f"quantized layers: {chosen} kernels ({', '.join(f'{k} {v} GB/s' for k, v in rates.items())}){kept}")
+    rates |= build_rates
+    noise += [build_noise] if build_noise else []
     return Family(chosen, rates, built if chosen == INTEGER else None, "; ".join(noise) or None)
+
+
+def _integer_build(config: ExportConfig, shape: WeightShape, dtype, log) -> tuple[kernels.Built, dict, str | None]:
+    """The integer kernels' faster build here, which then serves the eager op: several weight tiles a pass
+    (the known-good) or one (exporter/csrc/lanes.h, tiles_a_pass; the same bits), raced on the bundle's
+    largest weight at batch 1 and at its batch. Returns it, the builds' rates ("<build>@<batch>") and why
+    the timing was noise (the known-good kept), or None."""
+    builds = {name: kernels.build(config.cpu_isa, log=log, serve=False, one_tile=one) for name, one in BUILDS.items()}
+    rates, noise = {}, []
+    for batch in sorted({1, config.batch_size}):
+        entrants = {name: (shape, _through(b.library, shape), {}) for name, b in builds.items()}
+        raced, noisy = race(entrants, dtype, config.device, batch)
+        rates |= {f"{name}@{batch}": rate for name, rate in raced.items()}
+        noise += [f"integer builds at batch {batch}, {noisy}"] if noisy else []
+    seconds = {name: sum(1 / rate for key, rate in rates.items() if key.startswith(f"{name}@")) for name in builds}
+    chosen = KNOWN_GOOD_BUILD if noise else min(seconds, key=seconds.get)
+    log(f"integer kernels: {chosen} ({', '.join(f'{k} {v} GB/s' for k, v in rates.items())})")
+    native.register(builds[chosen].library)
+    return builds[chosen], rates, "; ".join(noise) + f": kept {chosen}" if noise else None
+
+
+def _through(library: native.Library, shape: WeightShape):
+    """The integer family's op for `shape`, run on `library` (whichever build serves the process)."""
+    op = CANDIDATES[shape.op][DOT]
+
+    def run(*args):
+        with native.serving(library):
+            return op(*args)
+
+    return run

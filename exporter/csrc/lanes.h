@@ -227,9 +227,15 @@ template <int D> inline void store_lanes(FloatLanes v, void* y, int64_t at) {
 // `chains`) to cover the integer dot's latency. On AVX-512 VNNI `dpbusd` takes 5 cycles and two issue a
 // cycle, so one tile against four rows (four chains) left it latency-bound at half its throughput or less;
 // eight chains fit in the 32 zmm registers with their float sums (int8: 5-20 % faster at 1 to 8 rows).
-// AVX2's 16 ymm registers hold two tiles' chains at one row only.
+// AVX2's 16 ymm registers hold two tiles' chains at one row only. Built with AOTPACK_ONE_TILE, a pass takes
+// one tile whatever its rows (one weight stream a thread; the out-of-order core overlaps the blocks' chains):
+// on an AMD EPYC Zen 5 the eight tiles' prefetches (or eight streams) cost more than the chains gave, int8
+// Gemma 3 270M decoding at 1 to 4 rows 15-25 % faster. The exporter times both builds on the target
+// (exporter.quant_family) and keeps the faster; the bits are the same.
 constexpr int tiles_a_pass(int R, int chains) {
-#if defined(AOTPACK_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(AOTPACK_ONE_TILE)
+  return 1;
+#elif defined(AOTPACK_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
   return R >= chains ? 1 : chains / R;
 #elif defined(AOTPACK_AVX2)
   return R == 1 ? 2 : 1;

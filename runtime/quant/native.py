@@ -14,6 +14,7 @@ the same bits whichever instruction path each was compiled for (exporter/csrc/la
 from __future__ import annotations
 
 import ctypes
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -76,6 +77,16 @@ def load(path: Path, isa: str) -> Library:
 def register(library: Library) -> Library:
     _loaded.append(library)
     return library
+
+
+@contextmanager
+def serving(library: Library):
+    """The eager op runs on `library` inside the block (the exporter times builds against each other)."""
+    _loaded.insert(0, library)
+    try:
+        yield library
+    finally:
+        _loaded.pop(0)
 
 
 def library() -> Library:

@@ -214,7 +214,7 @@ def test_changed_kernels_are_refused(bundle, tmp_path):
 def test_auto_times_both_kernel_families_and_keeps_the_faster(tmp_path):
     """`--quant-kernels auto`: each family is timed on the largest weight, as its graph would run it, at
     batch 1 and at the bundle's largest batch; the rates go in the manifest, the faster total wins."""
-    from exporter import quant_family, quantize
+    from exporter import kernels, quant_family, quantize
     from exporter.config import ExportConfig
     from exporter.model import load_model
     from exporter.source import checkpoint_dir
@@ -225,11 +225,18 @@ def test_auto_times_both_kernel_families_and_keeps_the_faster(tmp_path):
     plan = quantize.plan(model, config.quant_spec("integer"), config.recipe, config.scale_search)
     shapes = {path: tuple(model.get_submodule(path).weight.shape) for path in plan.linears}
     family = quant_family.choose(config, plan, shapes, log=lambda _: None)
-    assert set(family.rates) == {"integer@1", "inductor@1", "integer@2", "inductor@2"}
+    names = ("integer", "inductor", *quant_family.BUILDS)
+    assert set(family.rates) == {f"{name}@{batch}" for name in names for batch in (1, 2)}
     assert all(rate > 0 for rate in family.rates.values())
-    seconds = {f: sum(1 / v for k, v in family.rates.items() if k.startswith(f)) for f in ("integer", "inductor")}
-    assert family.kernels == (quant_family.KNOWN_GOOD if family.noise else min(seconds, key=seconds.get))
+    seconds = {f: sum(1 / v for k, v in family.rates.items() if k.startswith(f"{f}@")) for f in names}
+    families, builds = ({f: seconds[f] for f in group} for group in (names[:2], names[2:]))
+    noise = (family.noise or "").split("; ")
+    family_noise, build_noise = any(n.startswith("at batch") for n in noise), any("builds" in n for n in noise)
+    assert family.kernels == (quant_family.KNOWN_GOOD if family_noise else min(families, key=families.get))
+    build = quant_family.KNOWN_GOOD_BUILD if build_noise else min(builds, key=builds.get)
     assert (family.built is not None) == (family.kernels == "integer")
+    if family.built is not None:  # the faster build, as the manifest's record says
+        assert (kernels.ONE_TILE in family.built.record.compiler) == (build == "one-tile")
 
 
 @pytest.mark.slow

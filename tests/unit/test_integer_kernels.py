@@ -1,5 +1,6 @@
 """aotpack's integer kernels (exporter/csrc, runtime.quant.native) against a reference in fp64, on every
-instruction path this machine can run (each built on purpose; the others are skipped by name), over odd
+instruction path this machine can run (each built on purpose; the others are skipped by name) and this
+machine's built to take one weight tile a pass, over odd
 shapes: K not a multiple of the 32-column block, N = 1, N not a multiple of the 16-row tile, a batch longer
 than the kernels' 64-row chunk. Also the tile layouts' round trips and the activation format itself."""
 
@@ -18,9 +19,12 @@ SHAPES = [(1, 640, 7), (3, 33, 1), (5, 100, 19), (8, 96, 64), (70, 64, 45), (2, 
 GROUPED = [(1, 640, 7, 32), (5, 128, 25, 64), (70, 256, 38, 128), (2, 64, 1, 32), (8, 640, 32, 32)]  # + group
 
 
-@pytest.fixture(scope="module", params=PATHS)
+@pytest.fixture(scope="module", params=[*PATHS, "one-tile"])
 def lib(request):
-    """The kernels compiled for one instruction path, loaded without serving the eager op."""
+    """The kernels compiled for one instruction path, loaded without serving the eager op; "one-tile": this
+    machine's path built to take one weight tile a pass (exporter.quant_family races it)."""
+    if request.param == "one-tile":
+        return kernels.build(log=lambda _: None, serve=False, one_tile=True).library
     missing = KERNEL_ISA_FLAGS[request.param] - (cpu_flags() or set())
     if missing:
         pytest.skip(f"the {request.param} path needs CPU flags {sorted(missing)}, which this machine lacks")

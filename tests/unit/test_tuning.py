@@ -111,10 +111,19 @@ def test_tuning_holds_under_load():
     assert idle.spread.keys() == idle.gb_per_s.keys()
 
 
-@pytest.mark.parametrize("noisy", [None, "the timing was noise (the export had 31% of its cores)"])
-def test_the_kernel_families_are_raced_and_noise_keeps_the_known_good_one(monkeypatch, noisy):
-    """`--quant-kernels auto` (exporter.quant_family): each family's fastest candidate, raced against the
-    other's at batch 1 and at the bundle's batch; the faster total wins unless a race was noise."""
+NOISE = "the timing was noise (the export had 31% of its cores)"
+
+
+@pytest.mark.parametrize("noisy_race", [None, "families", "builds"])
+def test_the_kernel_families_and_the_integer_builds_are_raced_and_noise_keeps_the_known_good_ones(
+    monkeypatch, noisy_race
+):
+    """`--quant-kernels auto` (exporter.quant_family): the integer kernels' two builds (several tiles or one
+    a pass) raced, the faster one serving the eager op; then each family's fastest candidate raced
+    against the other's, at batch 1 and at the bundle's batch; the faster totals win unless a race was
+    noise, which keeps the known-good build or family."""
+    from types import SimpleNamespace
+
     from exporter import quant_family
     from exporter.config import ExportConfig
     from runtime.format.quant import INDUCTOR, INTEGER
@@ -122,18 +131,40 @@ def test_the_kernel_families_are_raced_and_noise_keeps_the_known_good_one(monkey
     raced = []
 
     def race(entrants, dtype, device, batch):
-        raced.append((batch, {family: shape.op for family, (shape, _, _) in entrants.items()}))
-        return {INTEGER: 3.0, INDUCTOR: 5.0}, noisy if batch == 2 else None
+        kind = "families" if INTEGER in entrants else "builds"
+        raced.append((kind, batch, {name: shape.op for name, (shape, _, _) in entrants.items()}))
+        rates = {INTEGER: 3.0, INDUCTOR: 5.0} if kind == "families" else {"tiles": 2.0, "one-tile": 4.0}
+        return rates, NOISE if kind == noisy_race and batch == 2 else None
 
+    builds = {one: SimpleNamespace(library=f"{'one-tile' if one else 'tiles'} library") for one in (False, True)}
+    registered = []
     monkeypatch.setattr(quant_family, "race", race)
     monkeypatch.setattr(quant_family, "fastest", lambda shape, *a, **k: "first")
-    monkeypatch.setattr(quant_family.kernels, "build", lambda isa, log: "built")
+    monkeypatch.setattr(quant_family.kernels, "build", lambda isa, log, serve, one_tile: builds[one_tile])
+    monkeypatch.setattr(quant_family.native, "register", registered.append)
     config = ExportConfig(model="tiny-llama", out="unused", quantize="int8", batch_size=2)
     spec = config.quant_spec(INTEGER)
     plan = type("Plan", (), {"method": "int8", "group_size": None, "spec": lambda self, path: spec})
     family = quant_family.choose(config, plan(), {"a": (64, 32), "b": (128, 32)}, log=lambda _: None)
-    assert [batch for batch, _ in raced] == [1, 2] and raced[0][1] == {INTEGER: "int8-dot", INDUCTOR: "int8"}
-    assert family.rates == {"integer@1": 3.0, "inductor@1": 5.0, "integer@2": 3.0, "inductor@2": 5.0}
-    assert family.kernels == (quant_family.KNOWN_GOOD if noisy else INDUCTOR) and family.noise == (
-        f"at batch 2, {noisy}" if noisy else None
+    assert [(kind, batch) for kind, batch, _ in raced] == [
+        ("builds", 1),
+        ("builds", 2),
+        ("families", 1),
+        ("families", 2),
+    ]
+    assert raced[0][2] == {"tiles": "int8-dot", "one-tile": "int8-dot"}
+    assert raced[2][2] == {INTEGER: "int8-dot", INDUCTOR: "int8"}
+    build = "tiles" if noisy_race == "builds" else "one-tile"
+    assert registered == [f"{build} library"]
+    assert family.rates == {f"{name}@{batch}": rate for batch in (1, 2) for name, rate in
+                            {INTEGER: 3.0, INDUCTOR: 5.0, "tiles": 2.0, "one-tile": 4.0}.items()}  # fmt: skip
+    assert family.kernels == (quant_family.KNOWN_GOOD if noisy_race == "families" else INDUCTOR)
+    assert family.built is (builds[build == "one-tile"] if family.kernels == INTEGER else None)
+    assert (
+        family.noise
+        == {
+            None: None,
+            "families": f"at batch 2, {NOISE}",
+            "builds": f"integer builds at batch 2, {NOISE}: kept tiles",
+        }[noisy_race]
     )
