@@ -168,7 +168,9 @@ def measure_server(name: str, command: list[str], port: int, config: BenchConfig
 def bench_serve(config: BenchConfig, log=print) -> dict:
     threads, variant = config.threads, config.variants[0]
     servers = {"aotpack serve": lambda bundle, checkpoint, port: (aotpack_command(bundle, port, threads), bundle.name)}
-    for name in HF_SERVERS:  # transformers serve takes the checkpoint, and its model id is the path given
+    # transformers serve takes the checkpoint, and its model id is the path given; it has no counterpart
+    # of a quantized bundle's weights (its own int8 would be another quantization), as in the batch-1 bench
+    for name in HF_SERVERS if variant in config.dtypes else ():
         servers[name] = lambda bundle, checkpoint, port, name=name: (
             _command(name, checkpoint, port, config, variant),
             str(checkpoint),
@@ -221,16 +223,19 @@ def run_servers(config: BenchConfig, servers: dict, prefix: str, log, measure=me
 
 
 def figures(results: dict) -> dict:
+    """Ratios of aotpack serve to each server that ran (None where one did not: transformers serve runs
+    beside float bundles only, llama-server when given)."""
     by = {s["server"]: s for s in results["servers"]}
-    ours = by["aotpack serve"]
+    ours, plain, compiled = by["aotpack serve"], by.get("transformers serve"), by.get("transformers serve --compile")
+    cb, llama = by.get("transformers serve --continuous-batching"), by.get(LLAMA_SERVER)
+    cold = "cold_start_first_token_s"
     return {
-        "cold_vs_compile": by["transformers serve --compile"]["cold_start_first_token_s"]
-        / ours["cold_start_first_token_s"],
-        "cold_vs_plain": ours["cold_start_first_token_s"] / by["transformers serve"]["cold_start_first_token_s"],
-        "tps_vs_cb": ours["tokens_per_s"] / by["transformers serve --continuous-batching"]["tokens_per_s"],
-        "tps_vs_llama_server": ours["tokens_per_s"] / by[LLAMA_SERVER]["tokens_per_s"] if LLAMA_SERVER in by else None,
-        "same_text_as_plain": _agree(ours, by["transformers serve"]),
-        "plain_same_as_cb": _agree(by["transformers serve"], by["transformers serve --continuous-batching"]),
+        "cold_vs_compile": compiled[cold] / ours[cold] if compiled else None,
+        "cold_vs_plain": ours[cold] / plain[cold] if plain else None,
+        "tps_vs_cb": ours["tokens_per_s"] / cb["tokens_per_s"] if cb else None,
+        "tps_vs_llama_server": ours["tokens_per_s"] / llama["tokens_per_s"] if llama else None,
+        "same_text_as_plain": _agree(ours, plain) if plain else None,
+        "plain_same_as_cb": _agree(plain, cb) if plain and cb else None,
     }
 
 
@@ -251,8 +256,7 @@ def markdown(results: dict) -> str:
         "",
         f"{results['machine']['cpu']}, {cfg['threads']} threads; {cfg['streams']} concurrent streaming clients "
         f"(openai), greedy, {cfg['new_tokens']} tokens each; the bundle was built in {results['build_s']:.0f} s "
-        f"(not counted in cold start). Greedy replies equal to transformers serve's: {f['same_text_as_plain']} of "
-        f"{cfg['streams']}; transformers serve's own two modes agree on {f['plain_same_as_cb']}.",
+        f"(not counted in cold start).{_agreement(f, cfg['streams'])}",
         "",
         "| server | cold start to first token (s) | aggregate tokens/s | TTFT p50 under load (s) |",
         "|---|---|---|---|",
@@ -267,6 +271,13 @@ def markdown(results: dict) -> str:
         ),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _agreement(f: dict, clients: int) -> str:
+    if f["same_text_as_plain"] is None:
+        return ""
+    both = f" transformers serve's own two modes agree on {f['plain_same_as_cb']}." if f["plain_same_as_cb"] else ""
+    return f" Greedy replies equal to transformers serve's: {f['same_text_as_plain']} of {clients};{both}"
 
 
 def write_serve_report(results: dict, out: Path) -> None:

@@ -110,6 +110,42 @@ def test_llama_server_gets_n_slots_of_the_bundles_cache(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("variant", "hf"), [({"dtypes": ("float32",)}, True), ({"dtypes": (), "quantize": ("int8",)}, False)]
+)
+def test_transformers_serve_runs_beside_float_bundles_only(monkeypatch, variant, hf):
+    """It takes the checkpoint at a float dtype: a quantized bundle has no counterpart there (it was
+    started with --dtype int8 and died), as in the batch-1 bench."""
+    from exporter.bench import serving
+    from exporter.bench.config import BenchConfig
+
+    ran = {}
+    monkeypatch.setattr(serving, "run_servers", lambda config, servers, prefix, log: ran.update(servers) or {})
+    monkeypatch.setattr(serving, "write_serve_report", lambda results, out: None)
+    serving.bench_serve(BenchConfig(serve=True, streams=8, **variant))
+    assert "aotpack serve" in ran and any(name in ran for name in serving.HF_SERVERS) == hf
+
+
+def test_the_serve_report_gives_the_ratios_to_the_servers_that_ran(tmp_path):
+    """An int8 run has aotpack serve and llama-server only (the report read transformers serve's figures
+    unconditionally and raised KeyError after the whole run)."""
+    from exporter.bench import serving
+
+    def server(name, tps, cold):
+        return {"server": name, "tokens_per_s": tps, "cold_start_first_token_s": cold, "ttft_p50_s": 0.1, "texts": []}
+
+    results = {
+        "config": {"model": "m", "threads": 2, "streams": 8, "new_tokens": 64}, "machine": {"cpu": "cpu"},
+        "variant": "int8", "build_s": 1.0,
+        "servers": [server("aotpack serve", 300.0, 2.0), server("llama-server", 150.0, 1.0)],
+    }  # fmt: skip
+    serving.write_serve_report(results, tmp_path)
+    figures = json.loads((tmp_path / "serve.json").read_text())["figures"]
+    assert figures["tps_vs_llama_server"] == 2.0 and figures["tps_vs_cb"] is None
+    target = "| aggregate tokens/s, N clients ≥ 1.0× llama-server --parallel N | 2.00× | met |"
+    assert target in (tmp_path / "serve.md").read_text()
+
+
+@pytest.mark.parametrize(
     "options", [{}, {"serve": True, "streams": 4, "ray": True}], ids=["without --serve", "with --ray"]
 )
 def test_structured_is_refused_without_one_server_to_time(options):
