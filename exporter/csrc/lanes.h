@@ -227,15 +227,9 @@ template <int D> inline void store_lanes(FloatLanes v, void* y, int64_t at) {
 // `chains`) to cover the integer dot's latency. On AVX-512 VNNI `dpbusd` takes 5 cycles and two issue a
 // cycle, so one tile against four rows (four chains) left it latency-bound at half its throughput or less;
 // eight chains fit in the 32 zmm registers with their float sums (int8: 5-20 % faster at 1 to 8 rows).
-// AVX2's 16 ymm registers hold two tiles' chains at one row only. Built with AOTPACK_ONE_TILE, a pass takes
-// one tile whatever its rows (one weight stream a thread; the out-of-order core overlaps the blocks' chains):
-// on an AMD EPYC Zen 5 the eight tiles' prefetches (or eight streams) cost more than the chains gave, int8
-// Gemma 3 270M decoding at 1 to 4 rows 15-25 % faster. The exporter times both builds on the target
-// (exporter.quant_family) and keeps the faster; the bits are the same.
+// AVX2's 16 ymm registers hold two tiles' chains at one row only.
 constexpr int tiles_a_pass(int R, int chains) {
-#if defined(AOTPACK_ONE_TILE)
-  return 1;
-#elif defined(AOTPACK_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(AOTPACK_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
   return R >= chains ? 1 : chains / R;
 #elif defined(AOTPACK_AVX2)
   return R == 1 ? 2 : 1;
@@ -263,15 +257,28 @@ __attribute__((noinline)) void row_group(const S& s, const Activations& a, int64
   }
 }
 
+// Built with AOTPACK_ONE_TILE, a decode step's calls (at most WIDE_ROWS rows) take one tile a pass whatever
+// their rows: one weight stream a thread, the out-of-order core overlapping a tile's blocks' chains. On an
+// AMD EPYC Zen 5 the eight tiles' prefetches cost more than the chains gave (int8 Gemma 3 270M decoding
+// at 1 to 4 rows 15-25 % faster); longer calls (prefill chunks) keep several tiles a pass, which share
+// each activation chunk (one tile a pass made a 512-token prefill 1.15-1.5x slower there). The exporter
+// times both builds on the target (exporter.quant_family) and keeps the faster; the bits are the same.
+#if defined(AOTPACK_ONE_TILE)
+constexpr bool ONE_TILE_DECODE = true;
+#else
+constexpr bool ONE_TILE_DECODE = false;
+#endif
+
 // y[m .. m1, tiles n0 .. n0 + count]: R rows a pass while R are left, then R / 2 (R a power of two), so
-// every row group shares each weight vector loaded. With `fetch`, the first group prefetches the tiles ahead.
-template <int D, int R, class S>
+// every row group shares each weight vector loaded (`One`: one tile a pass). With `fetch`, the first group
+// prefetches the tiles ahead.
+template <int D, int R, bool One, class S>
 void rows(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m, int64_t m1, int64_t N, void* y,
           bool fetch) {
-  constexpr int T = tiles_a_pass(R, S::CHAINS);
+  constexpr int T = One ? 1 : tiles_a_pass(R, S::CHAINS);
   for (; m + R <= m1; m += R, fetch = false) row_group<D, R, T>(s, a, n0, count, m, N, y, fetch);
   if constexpr (R > 1) {
-    if (m < m1) rows<D, R / 2>(s, a, n0, count, m, m1, N, y, fetch);
+    if (m < m1) rows<D, R / 2, One>(s, a, n0, count, m, m1, N, y, fetch);
   }
 }
 
@@ -297,10 +304,10 @@ template <int D, class S> void gemm_as(const S& s, const Activations& a, int64_t
     for (int64_t t0 = tiles * p / shares, t1 = tiles * std::min(p + 1, shares) / shares; t0 < t1; t0 += step) {
       const int64_t count = std::min(step, t1 - t0);
       if (M <= WIDE_ROWS)  // a decode step's rows: its weights read once for up to S::WIDE rows
-        rows<D, S::WIDE>(s, a, t0 * TILE, count, 0, M, N, y, true);
+        rows<D, S::WIDE, ONE_TILE_DECODE>(s, a, t0 * TILE, count, 0, M, N, y, true);
       else
         for (int64_t m0 = 0; m0 < M; m0 += chunk)
-          rows<D, MR>(s, a, t0 * TILE, count, m0, std::min(M, m0 + chunk), N, y, m0 == 0);
+          rows<D, MR, false>(s, a, t0 * TILE, count, m0, std::min(M, m0 + chunk), N, y, m0 == 0);
     }
   }
   if (lone == 0) return;
