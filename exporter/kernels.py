@@ -88,8 +88,8 @@ def build(
     `serve`, the eager op runs on it (if no library serves it yet), as the exporter's parity gate needs.
     `one_tile`: the integer kernels take one weight tile a pass (same bits; exporter.quant_family times
     both builds)."""
-    compiler = cpp_compiler()
-    flags = (*_FLAGS, *((ONE_TILE,) if one_tile else ()), *target_flags(cpu_isa, isa_override))
+    compiler, variant = cpp_compiler(), (ONE_TILE,) if one_tile else ()
+    flags = (*_FLAGS, *variant, *target_flags(cpu_isa, isa_override))
     build_id = _build_id(compiler, flags)
     soname = f"libaotpack-kernels-{build_id}.so"
     path = _cache_dir() / build_id / soname
@@ -97,7 +97,7 @@ def build(
         _compile(compiler, flags, soname, path, log)
     version = subprocess.run([compiler, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
     library = native.Library(path)  # compiled for this host (or a path the caller knows it runs)
-    built_as = " ".join((Path(compiler).name, version, flags[-1], *((ONE_TILE,) if one_tile else ())))
+    built_as = " ".join((Path(compiler).name, version, flags[-1], *variant))
     record = NativeKernels(KERNELS, soname, library.isa, native.ABI, built_as)
     if serve:
         native.register(library)

@@ -57,19 +57,15 @@ def choose(config: ExportConfig, plan: Quantization, shapes: dict[str, tuple[int
     built, build_rates, build_noise = _integer_build(config, integer, dtype, log)
     if config.quant_kernels == INTEGER:
         return Family(INTEGER, build_rates, built, build_noise)
-    rates, noise = {}, []
-    for batch in sorted({1, config.batch_size}):
-        inductor = replace(integer, op=scheme(QuantSpec(plan.method, plan.group_size, INDUCTOR)).name)
-        options = kernel_options(config.device, config.cpu_isa, dequantizing=True)
-        entrants = {
+    inductor = replace(integer, op=scheme(QuantSpec(plan.method, plan.group_size, INDUCTOR)).name)
+    options = kernel_options(config.device, config.cpu_isa, dequantizing=True)
+    chosen, rates, noise = _faster(
+        lambda batch: {
             INTEGER: (integer, _through(built.library, integer), {}),
             INDUCTOR: (inductor, fastest(inductor, dtype, config.device, options, batch, log), options),
-        }
-        raced, noisy = race(entrants, dtype, config.device, batch)
-        rates |= {f"{family}@{batch}": rate for family, rate in raced.items()}
-        noise += [f"at batch {batch}, {noisy}"] if noisy else []
-    seconds = {f: sum(1 / rate for key, rate in rates.items() if key.startswith(f)) for f in (INTEGER, INDUCTOR)}
-    chosen = KNOWN_GOOD if noise else min(seconds, key=seconds.get)
+        },
+        config, dtype, KNOWN_GOOD,
+    )  # fmt: skip
     kept = f"; {'; '.join(noise)}: kept the known-good {chosen}" if noise else ""
     log(f"quantized layers: {chosen} kernels ({', '.join(f'{k} {v} GB/s' for k, v in rates.items())}){kept}")
     rates |= build_rates
@@ -83,17 +79,25 @@ def _integer_build(config: ExportConfig, shape: WeightShape, dtype, log) -> tupl
     largest weight at batch 1 and at its batch. Returns it, the builds' rates ("<build>@<batch>") and why
     the timing was noise (the known-good kept), or None."""
     builds = {name: kernels.build(config.cpu_isa, log=log, serve=False, one_tile=one) for name, one in BUILDS.items()}
-    rates, noise = {}, []
-    for batch in sorted({1, config.batch_size}):
-        entrants = {name: (shape, _through(b.library, shape), {}) for name, b in builds.items()}
-        raced, noisy = race(entrants, dtype, config.device, batch)
-        rates |= {f"{name}@{batch}": rate for name, rate in raced.items()}
-        noise += [f"integer builds at batch {batch}, {noisy}"] if noisy else []
-    seconds = {name: sum(1 / rate for key, rate in rates.items() if key.startswith(f"{name}@")) for name in builds}
-    chosen = KNOWN_GOOD_BUILD if noise else min(seconds, key=seconds.get)
+    entrants = {name: (shape, _through(b.library, shape), {}) for name, b in builds.items()}
+    chosen, rates, noise = _faster(lambda batch: entrants, config, dtype, KNOWN_GOOD_BUILD, "integer builds ")
     log(f"integer kernels: {chosen} ({', '.join(f'{k} {v} GB/s' for k, v in rates.items())})")
     native.register(builds[chosen].library)
     return builds[chosen], rates, "; ".join(noise) + f": kept {chosen}" if noise else None
+
+
+def _faster(entrants_at, config: ExportConfig, dtype, known_good: str, what: str = "") -> tuple[str, dict, list[str]]:
+    """`entrants_at(batch)` (exporter.lowering.race's entrants) raced at batch 1 and at the bundle's batch:
+    the entrant with the smaller total time (`known_good` when a race was noise), the rates
+    ("<entrant>@<batch>") and each noisy race's verdict (`what` names the race in it)."""
+    rates, noise = {}, []
+    for batch in sorted({1, config.batch_size}):
+        entrants = entrants_at(batch)
+        raced, noisy = race(entrants, dtype, config.device, batch)
+        rates |= {f"{name}@{batch}": rate for name, rate in raced.items()}
+        noise += [f"{what}at batch {batch}, {noisy}"] if noisy else []
+    seconds = {name: sum(1 / rate for key, rate in rates.items() if key.startswith(f"{name}@")) for name in entrants}
+    return (known_good if noise else min(seconds, key=seconds.get)), rates, noise
 
 
 def _through(library: native.Library, shape: WeightShape):

@@ -96,7 +96,7 @@ def staggered(submit, requests):
         stream = iter(submit(inputs, _seeded(seed), **options))
         heads.append([next(stream), next(stream)])
         streams.append(stream)
-    return [_collected(head + list(stream)) for stream, head in zip(streams, heads, strict=True)]
+    return [collected(head + list(stream)) for stream, head in zip(streams, heads, strict=True)]
 
 
 def admitted_together(engine, submit, requests):
@@ -105,14 +105,14 @@ def admitted_together(engine, submit, requests):
     what `staggered` returns."""
     with engine.together():
         handles = [submit(inputs, _seeded(seed), **options) for inputs, options, seed in requests]
-    return [_collected(handle) for handle in handles]
+    return [collected(handle) for handle in handles]
 
 
 def _seeded(seed: int | None) -> torch.Generator | None:
     return torch.Generator().manual_seed(seed) if seed is not None else None
 
 
-def _collected(steps) -> tuple[torch.Tensor, torch.Tensor]:
+def collected(steps) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens (b, n), logits (b, n, vocab)) of a handle's or stream's (tokens, logits) steps."""
     steps = list(steps)
     return torch.stack([t for t, _ in steps], 1), torch.stack([s for _, s in steps], 1)

@@ -12,7 +12,15 @@ import threading
 
 import pytest
 import torch
-from helpers import GREEDY, SAMPLED, admitted_together, assert_each_matches_lone_generate, lone_generate, staggered
+from helpers import (
+    GREEDY,
+    SAMPLED,
+    admitted_together,
+    assert_each_matches_lone_generate,
+    collected,
+    lone_generate,
+    staggered,
+)
 
 from runtime.engine.engine import Engine
 from runtime.errors import EngineClosedError, ImageInputError, InvalidInputError, RuntimeBusyError
@@ -36,11 +44,6 @@ def _submit(rt, inputs: dict, generator=None, engine=None, **options):
     ids, mask = inputs.pop("input_ids"), inputs.pop("attention_mask", None)
     request = rt.request(ids, mask, generator, **inputs, **options)
     return (engine or rt.engine).submit(request, want_logits=True)
-
-
-def _collect(handle):
-    tokens, logits = zip(*handle, strict=True)
-    return torch.stack(tokens, dim=1), torch.stack(logits, dim=1)  # (b, n), (b, n, vocab)
 
 
 def _hf(rt, inputs: dict, seed=None, **options):
@@ -105,7 +108,7 @@ def test_a_cancelled_request_frees_its_rows_and_leaves_the_others_alone(stand_in
     cancelled.cancel()
     rest = list(stream)  # ends early: the engine stops it at its next step
     assert len(got) + len(rest) < 40
-    assert torch.equal(_collect(kept)[0], expected)
+    assert torch.equal(collected(kept)[0], expected)
     _wait_idle(bundle.engine)
     assert all(owner is None for owner in bundle.engine.scheduler.owners)
 
@@ -144,7 +147,7 @@ def test_a_bad_request_is_refused_alone(stand_in):
     bad = dict(inputs, pixel_values=inputs["pixel_values"].clone().fill_(float("nan")))
     with pytest.raises(ImageInputError, match="NaN"):
         _submit(bundle, bad, **GREEDY)
-    assert torch.equal(_collect(running)[0], expected)
+    assert torch.equal(collected(running)[0], expected)
 
 
 def test_a_request_that_fails_in_prefill_fails_alone(stand_in, monkeypatch):
@@ -163,8 +166,8 @@ def test_a_request_that_fails_in_prefill_fails_alone(stand_in, monkeypatch):
     expected = _hf(bundle, fine, **GREEDY)[0]
     good, bad = _submit(bundle, fine, **GREEDY), _submit(bundle, poison, **GREEDY)
     with pytest.raises(RuntimeError, match="prefill exploded"):
-        _collect(bad)
-    assert torch.equal(_collect(good)[0], expected)
+        collected(bad)
+    assert torch.equal(collected(good)[0], expected)
 
 
 def test_nan_in_an_idle_row_touches_no_other_row(stand_in, monkeypatch):
@@ -181,11 +184,11 @@ def test_nan_in_an_idle_row_touches_no_other_row(stand_in, monkeypatch):
         blocker = _submit(bundle, prompts[0], **GREEDY)  # row 0
         middle = _submit(bundle, prompts[1], max_new_tokens=1)  # row 1, freed after one token
         last = _submit(bundle, prompts[1], **GREEDY)  # row 2 (not row 1 once free: it was admitted first)
-    _collect(middle)
+    collected(middle)
     for t in engine.kv:
         t[1].fill_(float("nan"))  # row 1 is idle now, below busy row 2
     for handle, (tokens, _) in zip([blocker, last], expected, strict=True):
-        ours = _collect(handle)
+        ours = collected(handle)
         assert torch.equal(ours[0], tokens) and torch.isfinite(ours[1]).all()
 
 
@@ -193,9 +196,9 @@ def test_stop_strings_end_a_request_where_hf_ends_it(stand_in):
     bundle = stand_in("tiny-llama")
     tok = bundle.tokenizer
     prompt = _prompts(bundle, [8])[0]
-    free = _collect(_submit(bundle, prompt, max_new_tokens=30, do_sample=False))[0][0]
+    free = collected(_submit(bundle, prompt, max_new_tokens=30, do_sample=False))[0][0]
     stop = tok.decode(free[10:12])  # text the free run produces around its 11th token
-    ours = _collect(_submit(bundle, prompt, max_new_tokens=30, do_sample=False, stop_strings=[stop]))[0]
+    ours = collected(_submit(bundle, prompt, max_new_tokens=30, do_sample=False, stop_strings=[stop]))[0]
     with torch.inference_mode():
         ref = bundle.model.generate(**prompt, max_new_tokens=30, do_sample=False, stop_strings=[stop], tokenizer=tok)
     assert torch.equal(ours, ref[:, prompt["input_ids"].shape[1] :])
@@ -392,7 +395,7 @@ def test_a_request_left_alone_in_a_high_row_moves_down_and_steps_the_batch_1_gra
     plan = [(short, GREEDY | {"max_new_tokens": 4, "min_new_tokens": 4}, None), (long, GREEDY, None)]
     with rt.engine.together():  # admitted in one iteration: they share steps whatever the threads' timing
         handles = [_submit(rt, inputs, **options) for inputs, options, _ in plan]
-    assert_each_matches_lone_generate(rt.model, plan, [_collect(h) for h in handles])
+    assert_each_matches_lone_generate(rt.model, plan, [collected(h) for h in handles])
     assert 2 in stepped and stepped[-1] == 1 and stepped.count(1) > GREEDY["max_new_tokens"] // 2
 
 
