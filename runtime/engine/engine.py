@@ -268,8 +268,10 @@ class Engine:
         state.reused = state.fed
         if state.fed == 0:
             self.runner.clear(state.rows)
-        if state.status is Status.DECODING:  # the session's row holds the whole prompt but its last token
-            self.runner.begin_decoding(state, state.fed)
+        if state.status is Status.DECODING:  # a session's row holds the whole prompt but its last token
+            self.runner.begin_decoding(state, state.fed)  # (or the prompt is that one token)
+        elif state.fed > 0:
+            self.runner.hold(state.rows, state.fed)
 
     def _step_seconds(self) -> float | None:
         """What a step of the requests decoding now took lately: the decode graph's covering them, else

@@ -47,6 +47,13 @@ class Runner:
         """Rows a request takes start empty."""
         self.release(rows, wipe=True)
 
+    def hold(self, rows: slice, fed: int) -> None:
+        """Rows a request takes that hold the first `fed` tokens of its prompt (a kept prefix, copied or
+        taken over): parked at `fed` until its prompt's rest goes in. They stood where their last holder
+        parked, or idle at 0 under a copy, and a chunked prompt may wait several steps for its first
+        piece: each step writes the parked slot, which must be one the prompt's rest overwrites."""
+        self.positions.park(rows, fed)
+
     def release(self, rows: slice, wipe: bool = False) -> None:
         """Rows nobody holds: stepped harmlessly. `wipe`: zero what their cache holds too."""
         if wipe:

@@ -62,6 +62,7 @@ def _fresh(rt, model, messages, **options) -> str:
 
 
 def _two_turns(rt, model, prefilled, first, second, system=None, between=None):
+    prefilled.clear()  # the bundle's export may have run under the spy (its parity check prefills)
     with rt.session(system=system) as session:
         session.send(first, logits_processor=LogitsProcessorList([_Words(rt.tokenizer)]), **GREEDY)
         turn1 = session.last

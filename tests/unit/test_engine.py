@@ -71,6 +71,15 @@ def test_staggered_requests_each_match_a_lone_generate(stand_in, name):
     assert bundle.engine.peak_running >= 2  # the requests did share steps
 
 
+def test_one_token_prompts_have_nothing_to_prefill_and_decode_from_their_first_step(stand_in):
+    """A prompt of one token goes straight to the decode step, which feeds it; beside longer ones, and
+    in rows that held other requests' tokens before."""
+    bundle = stand_in("tiny-llama")
+    prompts = _prompts(bundle, [1, 7, 1, 1])
+    plan = [(p, GREEDY, None) for p in prompts]
+    assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan))
+
+
 def test_a_left_padded_batch_request_beside_single_requests(stand_in):
     """A request with its own left-padded batch takes adjacent rows; its rows stay HF's batch."""
     bundle = stand_in("tiny-llama")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import GREEDY, assert_each_matches_lone_generate, chat
+from helpers import GREEDY, assert_each_matches_lone_generate, chat, collected
 
 from runtime.engine.engine import Engine
 
@@ -182,3 +182,25 @@ def test_a_kept_prefix_not_much_longer_than_the_running_ones_stays(eager_runtime
     next(second)
     assert [k.length for k in rt.engine.scheduler.kept.values()] == [22]
     list(first), list(second)
+
+
+def test_a_copied_prefix_waiting_for_its_first_chunk_keeps_what_it_holds(eager_runtime):
+    """Prompts a chunk at a time while another request decodes: of two requests admitted together that
+    copy a kept prefix into idle rows, the second waits steps for its first chunk. Those steps write its
+    row's parked slot, which must be one its prompt's rest overwrites, not the copied prefix's first (an
+    idle row is parked at 0): `aotpack serve` (chunked) answered 3 of 8 Gemma 3 prompts wrongly after a
+    request sharing their first tokens."""
+    rt = eager_runtime("tiny-llama", rows=4, cache=96, prefill_chunk=4)
+    rt.decode.batches = (4,)  # one graph for every row, as a bundle's default: each step writes every row
+    torch.manual_seed(5)
+    shared, running = torch.randint(3, 300, (1, 8)), torch.randint(3, 300, (1, 6))
+    rt.submit(torch.cat([shared, torch.randint(3, 300, (1, 4))], 1), **SHORT).result()  # kept in row 0
+    decoding = iter(rt.submit(running, want_logits=True, **GREEDY))  # takes row 0; the prefix moves up
+    head = [next(decoding)]
+    later = [torch.cat([shared, torch.randint(3, 300, (1, 9))], 1) for _ in range(2)]
+    with rt.engine.together():
+        handles = [rt.submit(ids, want_logits=True, **SHORT) for ids in later]
+    results = [collected(h) for h in handles] + [collected(head + list(decoding))]
+    plan = [({"input_ids": ids}, SHORT, None) for ids in later] + [({"input_ids": running}, GREEDY, None)]
+    assert_each_matches_lone_generate(rt.model, plan, results)
+    assert [h.cached_tokens for h in handles] == [8, 8]
