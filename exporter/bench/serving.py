@@ -145,9 +145,31 @@ def running(command: list[str], port: int, config: BenchConfig, model: str):
         log.close()
 
 
+def client_prompts(config: BenchConfig) -> list[str]:
+    """One prompt per client, sharing their first words with each other and with the cold-start request
+    (whose row the prefix cache keeps): the server's prefix copies and chunked admission run."""
+    return [f"Tell me a story about the number {i}." for i in range(config.streams)]
+
+
+def lone_replies(bundle: Path, config: BenchConfig) -> list[str]:
+    """Each client's prompt through the bundle alone, one request at a time, the prefix cache off: the
+    greedy reply every served one must equal (token-identical to HF's, which the parity tests check;
+    for a quantized bundle, to its own eager numerics). A served reply that differs is a serving bug."""
+    from runtime import load
+    from runtime.config import LoadConfig
+
+    rt = load(bundle, LoadConfig(num_threads=config.threads, prefix_cache=False))
+    texts = []
+    for prompt in client_prompts(config):
+        ids = rt.tokenizer(prompt, return_tensors="pt").input_ids  # (1, S), as the server tokenizes it
+        out = rt.submit(ids, max_new_tokens=config.new_tokens, do_sample=False).result()  # (1, S + n)
+        texts.append(rt.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+    return texts
+
+
 def measure_server(name: str, command: list[str], port: int, config: BenchConfig, model: str) -> dict:
     """Cold start of the server `command` listening on `port`, then `config.streams` concurrent clients."""
-    prompts = [f"Tell me a story about the number {i}." for i in range(config.streams)]
+    prompts = client_prompts(config)
     with running(command, port, config, model) as (url, cold), ThreadPoolExecutor(config.streams) as pool:
         list(pool.map(lambda p: _ask(url, model, p, 8), prompts))  # warm: every replica, every row
         start = time.time()
@@ -177,7 +199,7 @@ def bench_serve(config: BenchConfig, log=print) -> dict:
         )
     if config.llama_server is not None:
         servers[LLAMA_SERVER] = lambda bundle, checkpoint, port: _llama_server(config, variant, checkpoint, port)
-    results = run_servers(config, servers, "aotpack-serve-", log)
+    results = run_servers(config, servers, "aotpack-serve-", log, lone=True)
     write_serve_report(results, config.out)
     return results
 
@@ -191,10 +213,11 @@ def _llama_server(config: BenchConfig, variant: str, checkpoint: Path, port: int
     return llama_server_command(config, gguf, port), gguf.name, extra
 
 
-def run_servers(config: BenchConfig, servers: dict, prefix: str, log, measure=measure_server) -> dict:
+def run_servers(config: BenchConfig, servers: dict, prefix: str, log, measure=measure_server, lone=False) -> dict:
     """Export one bundle with `config.streams` cache rows, then measure each server in turn. `servers`:
     name -> launch(bundle, checkpoint, port) -> (command, model id[, extra result fields]); `measure`:
-    (name, command, port, config, model) -> the server's result."""
+    (name, command, port, config, model) -> the server's result. `lone`: then the clients' prompts through
+    the bundle one at a time (`lone_texts`: what the served replies must equal)."""
     variant = config.variants[0]
     results = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}}
     results |= {"machine": machine(), "variant": variant, "servers": []}
@@ -219,6 +242,9 @@ def run_servers(config: BenchConfig, servers: dict, prefix: str, log, measure=me
                 port = _free_port()
                 result = measure(name, fallback(port), port, config, model=model) | {"fallback": True}
             results["servers"].append(result | extra)
+        if lone:
+            log(f"[{variant}] each client's prompt through the bundle alone")
+            results["lone_texts"] = lone_replies(bundle, config)
     return results
 
 
@@ -234,6 +260,7 @@ def figures(results: dict) -> dict:
         "cold_vs_plain": ours[cold] / plain[cold] if plain else None,
         "tps_vs_cb": ours["tokens_per_s"] / cb["tokens_per_s"] if cb else None,
         "tps_vs_llama_server": ours["tokens_per_s"] / llama["tokens_per_s"] if llama else None,
+        "same_text_as_lone": _agree(ours, {"texts": results["lone_texts"]}) if "lone_texts" in results else None,
         "same_text_as_plain": _agree(ours, plain) if plain else None,
         "plain_same_as_cb": _agree(plain, cb) if plain and cb else None,
     }
@@ -274,10 +301,13 @@ def markdown(results: dict) -> str:
 
 
 def _agreement(f: dict, clients: int) -> str:
+    lone, text = f.get("same_text_as_lone"), ""
+    if lone is not None:
+        text = f" aotpack serve's greedy replies equal to the bundle's own, each prompt alone: {lone} of {clients}."
     if f["same_text_as_plain"] is None:
-        return ""
+        return text
     both = f" transformers serve's own two modes agree on {f['plain_same_as_cb']}." if f["plain_same_as_cb"] else ""
-    return f" Greedy replies equal to transformers serve's: {f['same_text_as_plain']} of {clients};{both}"
+    return text + f" Greedy replies equal to transformers serve's: {f['same_text_as_plain']} of {clients};{both}"
 
 
 def write_serve_report(results: dict, out: Path) -> None:

@@ -119,7 +119,7 @@ def test_transformers_serve_runs_beside_float_bundles_only(monkeypatch, variant,
     from exporter.bench.config import BenchConfig
 
     ran = {}
-    monkeypatch.setattr(serving, "run_servers", lambda config, servers, prefix, log: ran.update(servers) or {})
+    monkeypatch.setattr(serving, "run_servers", lambda config, servers, prefix, log, **_: ran.update(servers) or {})
     monkeypatch.setattr(serving, "write_serve_report", lambda results, out: None)
     serving.bench_serve(BenchConfig(serve=True, streams=8, **variant))
     assert "aotpack serve" in ran and any(name in ran for name in serving.HF_SERVERS) == hf
@@ -130,19 +130,24 @@ def test_the_serve_report_gives_the_ratios_to_the_servers_that_ran(tmp_path):
     unconditionally and raised KeyError after the whole run)."""
     from exporter.bench import serving
 
-    def server(name, tps, cold):
-        return {"server": name, "tokens_per_s": tps, "cold_start_first_token_s": cold, "ttft_p50_s": 0.1, "texts": []}
+    def server(name, tps, cold, texts):
+        figures = {"tokens_per_s": tps, "cold_start_first_token_s": cold, "ttft_p50_s": 0.1}
+        return {"server": name, "texts": texts} | figures
 
+    lone = [f"reply {i}" for i in range(8)]
+    served = [*lone[:5], "x", "y", "z"]
     results = {
         "config": {"model": "m", "threads": 2, "streams": 8, "new_tokens": 64}, "machine": {"cpu": "cpu"},
-        "variant": "int8", "build_s": 1.0,
-        "servers": [server("aotpack serve", 300.0, 2.0), server("llama-server", 150.0, 1.0)],
+        "variant": "int8", "build_s": 1.0, "lone_texts": lone,
+        "servers": [server("aotpack serve", 300.0, 2.0, served), server("llama-server", 150, 1.0, lone)],
     }  # fmt: skip
     serving.write_serve_report(results, tmp_path)
     figures = json.loads((tmp_path / "serve.json").read_text())["figures"]
     assert figures["tps_vs_llama_server"] == 2.0 and figures["tps_vs_cb"] is None
-    target = "| aggregate tokens/s, N clients ≥ 1.0× llama-server --parallel N | 2.00× | met |"
-    assert target in (tmp_path / "serve.md").read_text()
+    assert figures["same_text_as_lone"] == 5  # llama-server's replies are not compared: other weights
+    report = (tmp_path / "serve.md").read_text()
+    assert "| aggregate tokens/s, N clients ≥ 1.0× llama-server --parallel N | 2.00× | met |" in report
+    assert "equal to the bundle's own, each prompt alone: 5 of 8" in report
 
 
 @pytest.mark.parametrize(
