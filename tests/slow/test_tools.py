@@ -193,6 +193,7 @@ def test_serve_report_compares_with_transformers_serve():
     ]}  # fmt: skip
     found = figures(results)
     assert found.pop("tps_vs_llama_server") is None  # llama-server was not run
+    assert found.pop("same_text_as_lone") is None  # nor the bundle alone
     assert found == pytest.approx(
         {
             "cold_vs_compile": 20.0,
@@ -203,7 +204,9 @@ def test_serve_report_compares_with_transformers_serve():
         }
     )
     results["servers"].append(server("llama-server", 1.0, 60.0, ["a", "b"]))
-    assert figures(results)["tps_vs_llama_server"] == pytest.approx(1.5)
+    results["lone_texts"] = ["a", "c"]
+    found = figures(results)
+    assert found["tps_vs_llama_server"] == pytest.approx(1.5) and found["same_text_as_lone"] == 1
 
 
 @pytest.mark.heavy
