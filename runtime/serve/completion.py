@@ -29,8 +29,9 @@ def generate_options(request, rt, prompt_tokens: int) -> dict:
     options: dict = {"max_new_tokens": request.token_budget or max(1, rt.contract.max_cache_len - prompt_tokens)}
     if request.temperature == 0:
         options["do_sample"] = False
-    elif request.temperature is not None or request.top_p is not None:
+    elif any(getattr(request, f) is not None for f in ("temperature", "top_p", "top_k", "min_p")):
         options |= {"do_sample": True, "temperature": request.temperature or 1.0, "top_p": request.top_p or 1.0}
+    options |= _vllm_extensions(request)
     options |= _biases(request, rt.validator.vocab_size)
     processors = LogitsProcessorList()
     if request.frequency_penalty or request.presence_penalty:
@@ -47,6 +48,20 @@ def generate_options(request, rt, prompt_tokens: int) -> dict:
         options["generator"] = torch.Generator(rt.contract.device).manual_seed(request.seed)
     if request.prompt_lookup_num_tokens is not None:
         options["prompt_lookup_num_tokens"] = request.prompt_lookup_num_tokens
+    return options
+
+
+def _vllm_extensions(request) -> dict:
+    """vLLM's top_k, min_p, repetition_penalty and min_tokens under HF generate's names (top_k -1: off)."""
+    options = {}
+    if request.top_k is not None:
+        options["top_k"] = max(request.top_k, 0)
+    if request.min_p is not None:
+        options["min_p"] = request.min_p
+    if request.repetition_penalty is not None:
+        options["repetition_penalty"] = request.repetition_penalty
+    if request.min_tokens:
+        options["min_new_tokens"] = request.min_tokens
     return options
 
 

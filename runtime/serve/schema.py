@@ -2,7 +2,8 @@
 
 Owns: which fields are accepted and their ranges. Unknown fields are ignored, as OpenAI-compatible
 servers do, except those that would change the answer and are not implemented (echo, suffix, best_of
-and tools on completions), which are refused with a 400 naming the field rather than silently dropped.
+and tools on completions; audio output; parallel_tool_calls=false with tool_choice auto), which are
+refused with a 400 naming the field rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ class Sampling(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
+    # vLLM's sampling extensions, as HF generate takes them (runtime.serve.completion.generate_options):
+    # top_k (-1 or 0: off) and min_p rank and cut what is sampled; repetition_penalty is HF's (and vLLM's)
+    # multiplicative one over prompt and reply, greedy too; min_tokens keeps the stop tokens away until then
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=2)
+    min_tokens: int | None = Field(default=None, ge=0)
     # aotpack's extension, HF generate's name: drafted tokens a step by prompt lookup, up to the bundle's
     # --speculate (0: none; unset: the bundle's for greedy requests, none for sampled ones)
     prompt_lookup_num_tokens: int | None = Field(default=None, ge=0, le=64)
@@ -117,6 +125,17 @@ class Sampling(BaseModel):
         if kind == "json_schema" and not isinstance((value.get("json_schema") or {}).get("schema"), dict):
             raise ValueError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
         return value
+
+    @model_validator(mode="after")
+    def _min_within_max(self):
+        budget = self.token_budget
+        if self.min_tokens and budget is not None and self.min_tokens > budget:
+            raise ValueError(f"min_tokens={self.min_tokens} is more than the {budget} tokens the request allows")
+        return self
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_tokens
 
     @model_validator(mode="after")
     def _one_format(self):
@@ -171,6 +190,25 @@ class ChatRequest(Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict | None = None
     parallel_tool_calls: bool | None = None  # "auto" parses every call the reply holds; "required" makes one
+    # Output in other modalities: text only. Refused unless they ask for text alone
+    audio: dict | None = None
+    modalities: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self):
+        if self.audio is not None or (self.modalities is not None and self.modalities != ["text"]):
+            asked = "audio" if self.audio is not None else f"modalities {self.modalities}"
+            raise ValueError(f"{asked}: aotpack serve replies in text only; send modalities ['text'] or leave it out")
+        return self
+
+    @model_validator(mode="after")
+    def _one_call_at_most(self):
+        if self.parallel_tool_calls is False and self.tool_mode == "auto":
+            raise ValueError(
+                "parallel_tool_calls=false with tool_choice 'auto' is not supported (every call the reply "
+                "holds is returned): send tool_choice 'required' or a named function, which make one call"
+            )
+        return self
 
     @model_validator(mode="after")
     def _choice_among_tools(self):
@@ -260,10 +298,6 @@ class CompletionRequest(Sampling):
         if not text:
             raise ValueError("prompt is empty")
         return text
-
-    @property
-    def token_budget(self) -> int | None:
-        return self.max_tokens
 
     @property
     def alternatives(self) -> int | None:

@@ -258,6 +258,46 @@ def test_penalties_and_logit_bias_follow_openais_formulas_on_the_logits(serving,
     assert client(url).chat.completions.create(**ask).choices[0].message.content != expected  # they changed it
 
 
+def test_vllms_sampling_extensions_give_generates_tokens(serving, runtime):
+    """repetition_penalty and min_tokens on a greedy reply, top_k and min_p on a seeded one: the text
+    `generate` gives for the same options (the penalty changes the greedy reply here)."""
+    url, _ = serving(TEXT)
+    rt = runtime(TEXT)
+    inputs = chat(rt.tokenizer, [QUESTION])
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 10}
+    greedy = client(url).chat.completions.create(
+        **ask, temperature=0, extra_body={"repetition_penalty": 1.8, "min_tokens": 10}
+    )
+    expected = _expected_text(rt, inputs, max_new_tokens=10, do_sample=False, repetition_penalty=1.8, min_new_tokens=10)
+    assert (
+        greedy.choices[0].message.content == expected != _expected_text(rt, inputs, max_new_tokens=10, do_sample=False)
+    )
+    cut = {"top_k": 5, "min_p": 0.05}
+    sampled = client(url).chat.completions.create(**ask, seed=3, extra_body=cut)
+    options = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 10, **cut}
+    assert sampled.choices[0].message.content == _expected_text(
+        rt, inputs, generator=torch.Generator().manual_seed(3), **options
+    )
+
+
+def test_fields_aotpack_does_not_build_are_refused_over_http_by_name(serving):
+    """A 400 whose message names the field, through the official client, rather than an answer to another
+    question: audio output, echo on completions, parallel_tool_calls=false with tool_choice auto."""
+    url, _ = serving(TEXT)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    asks = [
+        ("chat", {"messages": QUESTION, "extra_body": {"audio": {"voice": "alloy", "format": "wav"}}}, "audio"),
+        ("chat", {"messages": QUESTION, "tools": [tool], "parallel_tool_calls": False}, "parallel_tool_calls"),
+        ("text", {"prompt": "once", "echo": True}, "echo"),
+        ("text", {"prompt": "once", "suffix": "end"}, "suffix"),
+    ]
+    for kind, fields, name in asks:
+        create = client(url).chat.completions.create if kind == "chat" else client(url).completions.create
+        with pytest.raises(APIStatusError) as e:
+            create(model=MODEL, max_tokens=2, **fields)
+        assert e.value.status_code == 400 and name in e.value.message, (name, e.value.message)
+
+
 def test_json_schema_output_validates_20_of_20_streaming_or_not_beside_free_text(serving):
     """A random-weight model, sampled: held to the schema by llguidance's mask in its own rows while
     free-text requests decode in the same steps (4 rows, 28 requests at once)."""

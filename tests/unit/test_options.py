@@ -35,6 +35,7 @@ def test_a_key_that_is_a_directory_is_not_reported_missing(tmp_path):
 
 
 _HI = [{"role": "user", "content": "hi"}]
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 
 @pytest.mark.parametrize(
@@ -44,6 +45,13 @@ _HI = [{"role": "user", "content": "hi"}]
         ("text", {"echo": True}, "echo"),
         ("text", {"suffix": "tail"}, "suffix"),
         ("text", {"best_of": 3}, "best_of"),
+        ("chat", {"audio": {"voice": "alloy", "format": "wav"}}, "audio: aotpack serve replies in text only"),
+        ("chat", {"modalities": ["text", "audio"]}, r"modalities \['text', 'audio'\]: aotpack serve replies in text"),
+        ("chat", {"tools": [_TOOL], "parallel_tool_calls": False}, "parallel_tool_calls=false with tool_choice 'auto'"),
+        ("text", {"min_tokens": 9, "max_tokens": 4}, "min_tokens=9 is more than the 4 tokens the request allows"),
+        ("chat", {"min_tokens": 9, "max_completion_tokens": 4}, "min_tokens=9 is more than the 4 tokens"),
+        ("chat", {"top_k": -2}, "greater than or equal to -1"),
+        ("chat", {"repetition_penalty": 0}, "greater than 0"),
         ("chat", {"n": 0}, "n must be from 1 to 128, got 0"),
         ("chat", {"n": 129}, "n must be from 1 to 128, got 129"),
     ],
@@ -57,6 +65,29 @@ def test_openai_fields_that_would_change_the_answer_are_refused_by_name(model, f
     schema, base = (ChatRequest, {"messages": _HI}) if model == "chat" else (CompletionRequest, {"prompt": "p"})
     with pytest.raises(ValidationError, match=field):
         schema(**base, **fields)
+
+
+def test_vllms_sampling_extensions_become_generate_options():
+    """top_k (-1: off), min_p, repetition_penalty and min_tokens, under HF generate's names; top_k or min_p
+    alone ask for sampling as temperature does; text-only modalities and one call by a named choice pass."""
+    from types import SimpleNamespace
+
+    from runtime.serve.completion import generate_options
+    from runtime.serve.schema import ChatRequest
+
+    rt = SimpleNamespace(
+        contract=SimpleNamespace(max_cache_len=64, device="cpu"), validator=SimpleNamespace(vocab_size=9)
+    )
+    extended = {"top_k": -1, "min_p": 0.05, "repetition_penalty": 1.2, "min_tokens": 3, "modalities": ["text"]}
+    sampled = generate_options(ChatRequest(messages=_HI, max_tokens=8, **extended), rt, 5)
+    assert sampled == {
+        "max_new_tokens": 8, "do_sample": True, "temperature": 1.0, "top_p": 1.0,
+        "top_k": 0, "min_p": 0.05, "repetition_penalty": 1.2, "min_new_tokens": 3,
+    }  # fmt: skip
+    greedy = generate_options(ChatRequest(messages=_HI, temperature=0, top_k=5), rt, 5)
+    assert greedy == {"max_new_tokens": 59, "do_sample": False, "top_k": 5}
+    named = {"type": "function", "function": {"name": "f"}}
+    ChatRequest(messages=_HI, tools=[_TOOL], tool_choice=named, parallel_tool_calls=False)
 
 
 @pytest.mark.parametrize(
