@@ -153,8 +153,9 @@ def client_prompts(config: BenchConfig) -> list[str]:
 
 def lone_replies(bundle: Path, config: BenchConfig) -> list[str]:
     """Each client's prompt through the bundle alone, one request at a time, the prefix cache off: the
-    greedy reply every served one must equal (token-identical to HF's, which the parity tests check;
-    for a quantized bundle, to its own eager numerics). A served reply that differs is a serving bug."""
+    greedy reply of a row stepped alone (token-identical to HF's, which the parity tests check). A float32
+    reply served that differs is a serving bug; in bf16 and int8 a batch's graph rounds otherwise than the
+    batch-1 graph and near-tied tokens may flip (README, serving on the Zen 5)."""
     from runtime import load
     from runtime.config import LoadConfig
 
