@@ -236,7 +236,7 @@ class ScriptedDrafter:
     def record(self, drafted: int, accepted: int) -> None:
         self.drafted, self.accepted = self.drafted + drafted, self.accepted + accepted
 
-    def declined(self) -> None:
+    def declined(self, drafts, at: int) -> None:
         self.declines += 1
 
 

@@ -352,7 +352,7 @@ class Engine:
             return drafts
         for state in decoding:
             if state.rows.start in drafts:
-                state.drafter.declined()
+                state.drafter.declined(drafts[state.rows.start], state.history.shape[1])
         return None
 
     def _covering(self, batches: tuple[int, ...], width: int) -> int:

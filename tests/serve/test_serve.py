@@ -235,6 +235,42 @@ def test_completions_logprobs_take_the_legacy_integer(serving, runtime):
     assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(6)]
 
 
+def test_sampled_logprobs_are_the_raw_logits_of_the_tokens_generate_samples(serving, runtime):
+    """A seeded, sampled chat reply, streamed or not: generate's tokens for the same seed and temperature,
+    each with log_softmax of its raw logits (before the temperature, as vLLM reports them)."""
+    url, _ = serving(TEXT)
+    rt = runtime(TEXT)
+    out = rt.generate(
+        **chat(rt.tokenizer, [QUESTION]), max_new_tokens=8, do_sample=True, temperature=0.7, top_p=1.0,
+        generator=torch.Generator().manual_seed(5), output_logits=True, return_dict_in_generate=True,
+    )  # fmt: skip
+    tokens = out.sequences[0, -len(out.logits) :].tolist()
+    expected = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.logits, tokens, strict=True)]
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "temperature": 0.7, "seed": 5, "logprobs": True}
+    content = client(url).chat.completions.create(**ask).choices[0].logprobs.content
+    chunks = client(url).chat.completions.create(**ask, stream=True)
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    for entries in (content, streamed):
+        assert [e.token for e in entries] == [rt.tokenizer.decode([t]) for t in tokens]
+        assert all(abs(e.logprob - v) < 1e-4 for e, v in zip(entries, expected, strict=True))
+
+
+def test_streamed_completions_logprobs_are_the_replys_piece_by_piece(serving):
+    """Legacy completions streamed with logprobs: the chunks' tokens, logprobs, alternatives and text
+    offsets joined are the non-streamed reply's (offsets counted from the reply's start, not the chunk's)."""
+    url, _ = serving(TEXT)
+    ask = {"model": MODEL, "prompt": "once upon a time", "max_tokens": 6, "temperature": 0, "logprobs": 2}
+    whole = client(url).completions.create(**ask).choices[0].logprobs
+    pieces = [c.choices[0].logprobs for c in client(url).completions.create(**ask, stream=True) if c.choices]
+    pieces = [p for p in pieces if p is not None and p.tokens]
+    joined = {name: [v for p in pieces for v in getattr(p, name)] for name in ("tokens", "text_offset")}
+    assert joined == {"tokens": whole.tokens, "text_offset": whole.text_offset}
+    got = [v for p in pieces for v in p.token_logprobs]
+    assert all(abs(a - b) < 1e-4 for a, b in zip(got, whole.token_logprobs, strict=True))
+    tops = [t for p in pieces for t in p.top_logprobs]
+    assert [sorted(t) for t in tops] == [sorted(t) for t in whole.top_logprobs]
+
+
 def test_penalties_and_logit_bias_follow_openais_formulas_on_the_logits(serving, runtime, reference):
     """Greedy over HF's eager logits adjusted by OpenAI's formulas, written out here: each token's logit
     minus frequency x its count in the generated text, minus presence if it is there, plus its bias."""
@@ -322,6 +358,81 @@ def test_json_schema_output_validates_20_of_20_streaming_or_not_beside_free_text
     for reply in replies:
         jsonschema.validate(json.loads(reply), SCHEMA)
     assert not any(other.startswith('{"color"') for other in others)
+
+
+# Every other way a request names its format, with what its output must then be: each spec also opens
+# the output to far more text than a random model would write by chance. All but json_object bound the
+# output: "any object" does not, and a random model's string value runs past any budget, so a reply the
+# budget cut must be a JSON object's beginning (json's own parser says where the text stopped making sense).
+LARK = 'start: "go " DIR " " NUM\nDIR: "north" | "south"\nNUM: /[1-9][0-9]?/'
+FORMATS = [  # (fields, the finish reason the text implies: a bounded format's is "stop")
+    ({"response_format": {"type": "json_object"}}, lambda text: _object_or_its_start(text)),
+    ({"structured_outputs": {"json": SCHEMA}}, lambda text: _stop(_valid(json.loads(text)))),
+    ({"guided_json": json.dumps(SCHEMA)}, lambda text: _stop(_valid(json.loads(text)))),
+    (
+        {"structured_outputs": {"regex": "[a-c]{2}-[0-9]{3}"}},
+        lambda text: _stop(re.fullmatch("[a-c]{2}-[0-9]{3}", text)),
+    ),
+    ({"guided_regex": "(yes|no), [0-9]+"}, lambda text: _stop(re.fullmatch("(yes|no), [0-9]+", text))),
+    (
+        {"structured_outputs": {"choice": ["red", "green", "blue"]}},
+        lambda text: _stop(text in ("red", "green", "blue")),
+    ),
+    ({"guided_choice": ["alpha", "beta"]}, lambda text: _stop(text in ("alpha", "beta"))),
+    ({"structured_outputs": {"grammar": LARK}}, lambda text: _stop(re.fullmatch("go (north|south) [1-9][0-9]?", text))),
+    ({"guided_grammar": LARK}, lambda text: _stop(re.fullmatch("go (north|south) [1-9][0-9]?", text))),
+]
+
+
+def _stop(in_format) -> str:
+    return "stop" if in_format else "(not in its format)"
+
+
+def _object_or_its_start(text: str) -> str:
+    """The finish reason `text` implies: stop for a JSON object, length for the start of one; else it fails."""
+    try:
+        assert isinstance(json.loads(text), dict), text
+        return "stop"
+    except json.JSONDecodeError as e:  # cut off: in a string still open, or right at the end
+        assert text.startswith("{") and (e.pos == len(text) or e.msg == "Unterminated string starting at"), e
+        return "length"
+
+
+def _valid(value) -> bool:
+    import jsonschema
+
+    jsonschema.validate(value, SCHEMA)
+    return True
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_every_format_field_holds_the_output_on_both_endpoints_streaming_or_not(serving, endpoint):
+    """response_format json_object, vLLM's structured_outputs (json, regex, choice, grammar) and its
+    guided_* fields, through the official client as extra fields: sampled replies of a random model, 3
+    seeds each (one streamed), all at once, every one in its format and ended by the grammar (json_object,
+    unbounded, may be cut by the budget)."""
+    url, _ = serving(TEXT)
+    openai = client(url)
+
+    def ask(fields: dict, seed: int) -> tuple[str, str]:
+        body = {"model": MODEL, "max_tokens": 64, "temperature": 1.0, "seed": seed, "extra_body": fields}
+        if endpoint == "chat":
+            create, body["messages"] = openai.chat.completions.create, QUESTION
+            text = lambda c: c.message.content if seed != 2 else c.delta.content  # noqa: E731
+        else:
+            create, body["prompt"] = openai.completions.create, "once upon a time"
+            text = lambda c: c.text  # noqa: E731
+        if seed != 2:
+            choice = create(**body).choices[0]
+            return text(choice), choice.finish_reason
+        chunks = [c.choices[0] for c in create(**body, stream=True) if c.choices]
+        return "".join(text(c) or "" for c in chunks), chunks[-1].finish_reason
+
+    with ThreadPoolExecutor(12) as pool:
+        replies = [(pool.submit(ask, fields, seed), check) for fields, check in FORMATS for seed in range(3)]
+        for future, check in replies:
+            text, finish = future.result()
+            assert finish == check(text), (text, finish)
 
 
 def test_the_structured_bench_times_free_and_constrained_streams_on_a_running_server(serving):

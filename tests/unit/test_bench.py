@@ -237,6 +237,51 @@ def test_speculation_report_gives_each_tasks_ratio_and_a_verdict_per_target(tmp_
     write_report(results, tmp_path)
     report = (tmp_path / "speculation.md").read_text()
     assert "plain 60.0, drafted 75.0 (1.25×), tokens identical: yes" in report
-    assert "| 8 streams: aggregate tokens/s drafted/plain >= 1× | 1.25× | met |" in report
+    assert "| 8 streams, requests started together: tokens/s drafted/plain >= 1× | 1.25× | met |" in report
+    clients = {"seconds": 30.0, "plain_tps": 100.0, "drafted_tps": 90.0, "ratio": 0.9, "identical": True,
+               "requests": {"plain": 40, "drafted": 38}}  # fmt: skip
+    results["measured"]["streams"]["clients"] = clients
+    write_report(results, tmp_path)
+    report = (tmp_path / "speculation.md").read_text()
+    assert "plain 100.0, drafted 90.0 (0.90×), 40 and 38 replies, each identical to its client's first: yes" in report
+    assert (
+        "| 8 streams, clients asking again as each reply ends, 30 s: tokens/s drafted/plain >= 1× "
+        "| 0.90× | **not met** |" in report
+    )
     with pytest.raises(Exception, match="one variant in one process"):
         BenchConfig(model="x", dtypes=("float32",), speculate=4, streams=2, serve=True)
+
+
+def test_speculation_clients_count_the_tokens_delivered_within_the_window(monkeypatch):
+    """`--speculate K --streams N`'s clients: each asks again as its reply ends; tokens/s counts only the
+    tokens stamped inside the window, and every reply is compared with its client's reference."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    from exporter.bench import speculation
+
+    monkeypatch.setattr(speculation, "STEADY_SECONDS", 0.3)
+
+    class Handle:
+        def __init__(self, prompt, drafts):
+            self.prompt, self.times = prompt, []
+            self.wrong = drafts is None and prompt == 1  # drafting changes client 1's reply: must be caught
+
+        def __iter__(self):
+            for t in range(3):
+                time.sleep(0.02)
+                self.times.append(time.monotonic())
+                yield torch.tensor([10 * self.prompt + t + self.wrong]), None
+
+    engine = SimpleNamespace(steps=0, verify_steps=0, drafted=0, accepted=0)
+    rt = SimpleNamespace(
+        engine=engine, submit=lambda p, prompt_lookup_num_tokens, **_: Handle(p, prompt_lookup_num_tokens)
+    )
+    config = SimpleNamespace(streams=2, rounds=1, new_tokens=3)
+    reference = [[0, 1, 2], [10, 11, 12]]  # client i's reply to prompt i
+    out = speculation._steady(rt, [0, 1], config, lambda *_: None, reference)
+    assert not out["identical"] and out["requests"]["plain"] >= 8
+    # 2 clients, a token each 20 ms: about 100 tokens/s, never more
+    assert 50 < out["plain_tps"] <= 2 / 0.02 and 50 < out["drafted_tps"] <= 2 / 0.02

@@ -138,29 +138,34 @@ def test_sampled_requests_draft_only_when_asked_and_never_past_the_bundles_k():
     assert draft_tokens(0, 4, sampled=False) == 0 and draft_tokens(3, 0, sampled=False) == 0
 
 
-def test_a_drafter_declined_rests_then_probes_and_backs_off_longer_after_each_failed_probe():
+def test_a_declined_drafter_keeps_drafting_and_learns_from_what_decoding_gives():
+    """Declined drafts are scored against the tokens decoded next, as a verify step would have taken them:
+    a request whose copies fail loses the engine's confidence without a wasted verify step, and regains it
+    when its drafts start to come true."""
     drafter = Drafter(4, 2)
     history = torch.tensor([[5, 6, 7, 8, 5, 6]])
     assert drafter.propose(history, 4).tolist() == [7, 8, 5, 6]
     # only after a match of two tokens: a single one (transformers' fallback) predicts little
     assert drafter.propose(torch.tensor([[5, 6, 7, 8, 9, 6]]), 4) is None
     assert drafter.expected(4) == pytest.approx(1 + 4 * 0.7)
-    drafter.record(4, 0)
-    drafter.declined()
-    rests = []
-    for _ in range(2):
-        steps = 0
-        while drafter.propose(history, 4) is None:
-            steps += 1
-        rests.append(steps)
-        assert drafter.probing and drafter.expected(4) == 5.0  # a probe is verified whatever the estimate
-        drafter.record(4, 0)  # the probe fails
-        drafter.declined()
-    assert rests[1] == 2 * rests[0]
-    while drafter.propose(history, 4) is None:
-        pass
-    drafter.record(4, 4)  # a probe that pays: back to the short rest and a hopeful estimate
-    assert drafter.backoff == rests[0] and drafter.acceptance >= 0.7 and not drafter.probing
+    drafts = drafter.propose(history, 4)
+    drafter.declined(drafts, history.shape[1])
+    drafter.declined(torch.tensor([1, 2]), history.shape[1])  # one shadow at a time: ignored
+    after = torch.cat([history, torch.tensor([[7, 9]])], 1)  # decoding took 7, then 9 where 8 was drafted
+    assert drafter.propose(after[:, :-1], 4) is not None and drafter.acceptance == pytest.approx(0.7)  # unknown yet
+    drafter.propose(after, 4)  # 1 of 4 would have been taken
+    assert drafter.acceptance == pytest.approx(0.7 * 0.7 + 0.3 * 0.25)
+    assert (drafter.drafted, drafter.accepted) == (0, 0)  # the metrics count verified drafts only
+    text = list(range(10, 70))
+    ids = torch.tensor([text + text[:2]])
+    for _ in range(32):  # now decoding copies `text`: every shadow comes true
+        drafts = drafter.propose(ids, 4)
+        drafter.declined(drafts, ids.shape[1])
+        ids = torch.cat([ids, torch.tensor([[text[ids.shape[1] - len(text)]]])], 1)
+    assert drafter.acceptance > 0.9
+    before = drafter.acceptance
+    drafter.record(4, 0)  # a verify step that took none
+    assert drafter.acceptance == pytest.approx(0.7 * before) and (drafter.drafted, drafter.accepted) == (4, 0)
 
 
 def test_a_verify_step_runs_only_when_its_expected_tokens_beat_the_decode_steps_rate():
