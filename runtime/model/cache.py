@@ -21,6 +21,11 @@ def attended_slots(layer: LayerLayout, span):
     return torch.sym_min(span, layer.slots) if layer.kind == SLIDING else span
 
 
+def in_order(end: int, slots: int) -> bool:
+    """Whether a ring of `slots` holding cache indices [0, end) has them in slots [0, end), in order."""
+    return end <= slots
+
+
 def allocate(layout: tuple[LayerLayout, ...], batch: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
     """Allocate the cache once, flat as [k0, v0, k1, v1, ...]; each (batch, kv_heads, slots, head_dim)."""
     return [torch.zeros(layer.shape(batch), dtype=dtype, device=device) for layer in layout for _ in range(2)]
@@ -87,17 +92,20 @@ class SlotLayer(CacheLayerMixin):
         return key_states, value_states
 
     def _continue(self, key_states, value_states):
-        """A chunk of tokens [start, start + c) after what the cache holds: a full layer attends to its
-        first start + c slots; a ring to its slots as they were before the chunk, then the chunk
-        (chunk_masks builds the masks in the same order)."""
-        if self.is_sliding:
+        """A chunk of tokens [start, start + c) after what the cache holds: a full layer, or a ring the
+        chunk does not wrap (start + c <= slots: index t is still in slot t), attends to its first
+        start + c slots; a ring that wraps, to its slots as they were before the chunk, then the chunk
+        (chunk_masks builds the masks in the same order). Copying a whole ring for every chunk cost
+        1.4 ms of an 18 ms 8-token chunk (Gemma 3 270M int8), and attending to its 512 slots when a
+        prompt held a few more."""
+        end = self.start + key_states.shape[-2]
+        if self.is_sliding and not in_order(end, self.layout.slots):
             n = self.layout.slots  # the spare slot stays out
             keys = torch.cat([self.keys[:, :, :n], key_states], 2)
             values = torch.cat([self.values[:, :, :n], value_states], 2)
             self._store(key_states, value_states)
             return keys, values
         self._store(key_states, value_states)
-        end = self.start + key_states.shape[-2]
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def _store(self, key_states, value_states) -> None:

@@ -13,7 +13,7 @@ import torch
 
 from runtime import compat
 from runtime.format.layout import FULL
-from runtime.model.cache import attended_slots
+from runtime.model.cache import attended_slots, in_order
 
 
 def decode_masks(
@@ -50,7 +50,8 @@ def decode_masks(
 
 def chunk_masks(real: torch.Tensor, start: int, layout) -> dict[str, torch.Tensor]:
     """Boolean SDPA masks (b, 1, c, keys) for a prefill chunk of indices [start, end) continuing a cache
-    that holds [0, start), keyed by layer kind, in SlotLayer._continue's key order.
+    that holds [0, start), keyed by layer kind, in SlotLayer._continue's key order (a ring's slots in
+    index order while the chunk does not wrap it, else its slots as they were, then the chunk).
 
     real: (b, end) bool, True where an index holds a real token (False: left padding).
     A query sees real keys at or before it (within the window on a ring), and always itself, so that a
@@ -63,9 +64,10 @@ def chunk_masks(real: torch.Tensor, start: int, layout) -> dict[str, torch.Tenso
     for layer in layout:
         if layer.kind in masks:
             continue
-        if layer.kind == FULL:
+        if layer.kind == FULL or in_order(end, layer.slots):
             keys = torch.arange(end, device=real.device)[None]  # (1, end): slot j holds index j
-            visible = (keys <= query)[None] & real[:, None, :]  # (b, c, end)
+            seen = (keys <= query) if layer.kind == FULL else (keys <= query) & (query - keys < layer.window)
+            visible = seen[None] & real[:, None, :]  # (b, c, end)
             visible |= (keys == query)[None]
         else:
             n, window = layer.slots, layer.window

@@ -297,6 +297,17 @@ def test_chunked_prefill_matches_a_lone_generate(stand_in, name, chunk):
     assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan, engine))
 
 
+@pytest.mark.parametrize("chunk", [3, 5])
+def test_chunks_in_a_ring_wider_than_the_window_still_see_only_the_window(eager_runtime, chunk):
+    """A bundle with verify graphs widens each ring by k slots past the window (8 + 3 here): a chunk that
+    ends inside the ring but past the window attends to the ring's slots in index order, and its mask
+    still keeps each query to its last 8 tokens; later chunks wrap the ring."""
+    rt = eager_runtime("tiny-gemma3", ROWS, CACHE, drafts=3)
+    engine = _engine(rt, prefill_chunk=chunk)
+    plan = [(p, GREEDY, None) for p in _prompts(rt, [30, 5, 11, 36])]
+    assert_each_matches_lone_generate(rt.model, plan, _staggered(rt, plan, engine))
+
+
 @pytest.mark.parametrize("budget", [1e-6, 1e6])
 def test_chunks_sized_to_a_time_budget_keep_the_tokens_and_follow_the_measured_cost(stand_in, monkeypatch, budget):
     """With a budget, each chunk's size comes from the last piece's measured time (runtime.engine.chunking):
