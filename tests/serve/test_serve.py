@@ -334,26 +334,34 @@ def test_fields_aotpack_does_not_build_are_refused_over_http_by_name(serving):
         assert e.value.status_code == 400 and name in e.value.message, (name, e.value.message)
 
 
-def test_json_schema_output_validates_20_of_20_streaming_or_not_beside_free_text(serving):
+def test_json_schema_output_validates_20_of_20_streaming_and_20_of_20_not_beside_free_text(serving):
     """A random-weight model, sampled: held to the schema by llguidance's mask in its own rows while
-    free-text requests decode in the same steps (4 rows, 28 requests at once)."""
+    free-text requests decode in the same steps (4 rows, 48 requests at once). Half the constrained
+    requests are seeded (HF's sampler over the masked vocabulary), half not (the server's top-k sampler,
+    the mask applied before its top k are taken)."""
     import jsonschema
 
     url, _ = serving(TEXT)
     strict = {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True}}
-    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 48, "temperature": 1.0}
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 48, "temperature": 1.0, "response_format": strict}
 
     def constrained(i: int) -> str:
-        if i % 2 == 0:
-            return client(url).chat.completions.create(**ask, seed=i, response_format=strict).choices[0].message.content
-        chunks = client(url).chat.completions.create(**ask, seed=i, response_format=strict, stream=True)
+        seed = {"seed": i} if i % 2 == 0 else {}
+        if i < 20:
+            return client(url).chat.completions.create(**ask, **seed).choices[0].message.content
+        chunks = client(url).chat.completions.create(**ask, **seed, stream=True)
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
     def free(i: int) -> str:
-        return client(url).chat.completions.create(**ask, seed=100 + i).choices[0].message.content
+        return (
+            client(url)
+            .chat.completions.create(**(ask | {"response_format": None}), seed=100 + i)
+            .choices[0]
+            .message.content
+        )
 
-    with ThreadPoolExecutor(28) as pool:
-        held, loose = [pool.submit(constrained, i) for i in range(20)], [pool.submit(free, i) for i in range(8)]
+    with ThreadPoolExecutor(48) as pool:
+        held, loose = [pool.submit(constrained, i) for i in range(40)], [pool.submit(free, i) for i in range(8)]
         replies, others = [f.result() for f in held], [f.result() for f in loose]
     for reply in replies:
         jsonschema.validate(json.loads(reply), SCHEMA)
