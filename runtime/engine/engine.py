@@ -241,26 +241,7 @@ class Engine:
         with self._cond:
             decoding, width = self.scheduler.decoding()
         if decoding:
-            self._narrow(decoding, width)
             self._step(decoding, width)
-
-    def _narrow(self, decoding: list[RequestState], width: int) -> None:
-        """Forget the prefixes kept in free rows the step computes (its graph covers them) that would widen
-        its attention: a kept row is parked past its tokens, and every row of a step attends to the cache up
-        to the furthest row's index. A 516-token prompt kept in row 7 made 7 streams at 64 tokens step in 30
-        ms instead of 20 (Gemma 3 270M int8, 8 rows). Kept rows above the graph stay; so do sessions' rows."""
-        batch = self._covering(self.runner.decode.batches, width)
-        if self.draft_tokens:  # a verify step's graph may cover more rows than the decode step's
-            batch = max(batch, self._covering(self.runner.decode.verify_batches, width))
-        index = self.runner.positions.index[:batch].tolist()  # each stepped row's cache index
-        with self._cond:
-            owners = self.scheduler.owners[:batch]
-            held = [index[row] for row in range(batch) if owners[row] is not None]  # prefilling rows, leases too
-            bound = WIDEN * (max(held, default=0) + 1) + MARGIN
-            wide = [row for row in range(batch) if owners[row] is None and index[row] >= bound]
-            for row in wide:
-                self.scheduler.forget(row)
-                self.runner.release(slice(row, row + 1))
 
     def _begin(self, state: RequestState) -> None:
         """Rows a request takes start clean, unless they hold its session's conversation or a prefix of
@@ -449,9 +430,6 @@ def _reusable(request: Request, reuse: int) -> int:
 
 # HF's prompt lookup matches n-grams of up to 2 tokens unless `max_matching_ngram_size` says otherwise
 DEFAULT_NGRAM = 2
-# A kept prefix in a stepped row is forgotten once it reaches past WIDEN times the decoding rows' furthest
-# index, plus MARGIN slots (Engine._narrow): a few more slots cost a step little, twice as many and more do
-WIDEN, MARGIN = 2, 64
 
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
 

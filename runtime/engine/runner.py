@@ -14,6 +14,8 @@ per batch, say) would have to clear every idle row first.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from runtime.engine.request import RequestState
@@ -127,17 +129,40 @@ class Runner:
         """One decode call advances every decoding request's rows by one token; the first `width` rows
         are needed, and the smallest batch the decode has a graph for that covers them is computed (the
         rows past `width` step harmlessly, as every row does). Returns the raw logits (width, vocab) fp32."""
-        self._advance(decoding)
+        active = self._advance(decoding)
         rows = covering(self.decode.batches, width, self.tokens.shape[0])
-        logits = self.decode(self.tokens[:rows], *self.positions.inputs(rows), [t[:rows] for t in self.kv])
+        with self._resting(active[:rows], 1):
+            logits = self.decode(self.tokens[:rows], *self.positions.inputs(rows), [t[:rows] for t in self.kv])
         return logits[:width].float()
 
-    def _advance(self, decoding: list[RequestState]) -> None:
-        """Every decoding request's rows admit the token this step feeds them."""
+    def _advance(self, decoding: list[RequestState]) -> torch.Tensor:
+        """Every decoding request's rows admit the token this step feeds them; returns those rows (B,) bool."""
         active = torch.zeros(self.tokens.shape[0], dtype=torch.bool, device=self.tokens.device)  # (B,)
         for state in decoding:
             active[state.rows] = True
         self.positions.advance(active)
+        return active
+
+    @contextmanager
+    def _resting(self, active: torch.Tensor, tokens: int):
+        """For one step of `tokens` a row over the rows `active` (n,) bool marks among those stepped: rows
+        that do not decode but stand past every decoding row (a long prompt between its chunks, a kept
+        prefix, a session's row between turns) stand at index 0 instead, and what the step writes to
+        their slots [0, tokens) is put back after. Stepped where they stand, they made every row of the
+        step attend as far as they reach: Gemma 3 270M int8's 8-row step took 16 ms instead of 9-10
+        while a 512-token prompt went in, in chunks, beside 7 short streams."""
+        far = self.positions.far(active, tokens)  # (f,)
+        if not far.numel():
+            yield
+            return
+        held = [t[far, :, :tokens].clone() for t in self.kv]  # (f, kv_heads, tokens, head_dim) each
+        undo = self.positions.rest(far)
+        try:
+            yield
+        finally:
+            for t, h in zip(self.kv, held, strict=True):
+                t[far, :, :tokens] = h
+            self.positions.unrest(far, undo)
 
     @property
     def draft_tokens(self) -> int:
@@ -155,13 +180,14 @@ class Runner:
         """One verify call: every decoding request's rows take their next token, and a row with drafts
         (`drafts`: row -> ids (d,), d <= k) takes them after it. Returns the raw logits (width, k + 1,
         vocab) fp32, after each token; `settle` then says how many drafts each row keeps."""
-        self._advance(decoding)
+        active = self._advance(decoding)
         rows, k = covering(self.decode.verify_batches, width, self.tokens.shape[0]), self.draft_tokens
         tokens = self.tokens[:rows].repeat(1, k + 1)  # (rows, k + 1): past a row's drafts, queries nobody reads
         for row, drafted in drafts.items():
             tokens[row, 1 : 1 + drafted.shape[0]] = drafted
             self.positions.reach(slice(row, row + 1), drafted.shape[0])
-        logits = self.decode(tokens, *self.positions.inputs(rows, k + 1), [t[:rows] for t in self.kv])
+        with self._resting(active[:rows], k + 1):
+            logits = self.decode(tokens, *self.positions.inputs(rows, k + 1), [t[:rows] for t in self.kv])
         return logits[:width].float()
 
     def settle(self, state: RequestState, accepted: int, drafted: int) -> None:

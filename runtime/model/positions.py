@@ -79,6 +79,27 @@ class RowPositions:
             start = int(self.index[row]) + 1
             self.pad_mask[row, start : start + drafts - accepted] = False
 
+    def far(self, active: torch.Tensor, tokens: int = 1) -> torch.Tensor:
+        """Rows (n,) of the first len(active) that do not decode (`active` (b,) bool: those that do) and
+        stand past the decoding rows' furthest index: stepped where they stand, they would widen every
+        row's attention to their index (runtime.engine.runner rests them instead)."""
+        index = self.index[: active.shape[0]]
+        if not bool(active.any()):
+            return index.new_zeros(0)
+        span = int(index[active].max()) + tokens
+        return ((~active) & (index + tokens > span)).nonzero().squeeze(1)
+
+    def rest(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows (n,) stand at index 0 for one step (attending to that slot alone); returns what undoes it."""
+        undo = (self.pad_mask[rows].clone(), self.index[rows].clone())
+        self.pad_mask[rows] = False
+        self.pad_mask[rows, 0] = True
+        self.index[rows] = 0
+        return undo
+
+    def unrest(self, rows: torch.Tensor, undo: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.pad_mask[rows], self.index[rows] = undo
+
     def inputs(self, count: int, tokens: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(position_ids (n, T), cache_position (n,), pad_mask (n, span)) of the first `count` rows for a
         step of T = `tokens` per row (T > 1: a verify step, its queries at indices cache_position + t): the
