@@ -317,7 +317,7 @@ class Engine:
 
     def _drafts(self, decoding: list[RequestState], width: int) -> dict[int, torch.Tensor] | None:
         """Each drafting row's drafts for a verify step, when one pays for itself (StepCosts); else None."""
-        batch = self.runner.verify_batch(width) if self.draft_tokens else None
+        batch = self.runner.verify_batch(decoding, width) if self.draft_tokens else None
         if batch is None or not any(s.drafter for s in decoding):
             return None
         drafts, expected = {}, 0.0

@@ -3,12 +3,14 @@
 
 A row holds the keys and values of the tokens `held` that were fed into it. A prompt starting with the
 same tokens reuses them and prefills only the rest, with two limits:
-- Sliding-window rings: a layer with `slots` slots keeps only the last `slots` tokens, and a row parked
-  between requests has each decode step of the others write its next slot (runtime.engine.runner.keep).
-  Once a row has held `slots` tokens or more, going back to an earlier position would read overwritten
-  slots, so such a row is reused only by a prompt that extends all it holds. For Gemma 3 (a window of
-  512) that is a conversation's next turn; a shared system prompt is reused across different requests
-  only while the row it is kept in has held fewer than 512 tokens.
+- Sliding-window rings: a layer with `slots` slots (the window, plus k with speculation) keeps only the
+  last `slots` tokens, and a row parked between requests inside the others' reach has each of their
+  steps write its next slot, a verify step its next k + 1 (runtime.engine.runner.keep; a row parked
+  past them rests at slot 0, which is put back). Once a row has held `window` tokens or more, those
+  writes can wrap onto its oldest slots and going back to an earlier position would read them, so such
+  a row is reused only by a prompt that extends all it holds. For Gemma 3 (a window of 512) that is a
+  conversation's next turn; a shared system prompt is reused across different requests only while the
+  row it is kept in has held fewer than 512 tokens.
 - Images: the continuing prefill is text only, so a prompt whose rest holds an image token is prefilled
   whole; and an image's placeholder tokens are the same for every image, so a prefix holding one is
   reused only when the images are the same (`same_images`: equal digests of their pixels).
@@ -28,7 +30,9 @@ def reusable(held: torch.Tensor, ids: torch.Tensor, layout, config, same_images:
     all but the last, which the decode step takes."""
     n = min(held.shape[1], ids.shape[1] - 1)
     common = int((held[0, :n] == ids[0, :n]).long().cumprod(0).sum())
-    if common < held.shape[1] and any(layer.window and held.shape[1] >= layer.slots for layer in layout):
+    if common < held.shape[1] and any(
+        layer.window and held.shape[1] >= min(layer.window, layer.slots) for layer in layout
+    ):
         return 0
     image = image_token_id(config)
     if image is not None and common > 0:

@@ -137,10 +137,15 @@ class Runner:
 
     def _advance(self, decoding: list[RequestState]) -> torch.Tensor:
         """Every decoding request's rows admit the token this step feeds them; returns those rows (B,) bool."""
+        active = self._rows(decoding)
+        self.positions.advance(active)
+        return active
+
+    def _rows(self, decoding: list[RequestState]) -> torch.Tensor:
+        """The decoding requests' rows (B,) bool."""
         active = torch.zeros(self.tokens.shape[0], dtype=torch.bool, device=self.tokens.device)  # (B,)
         for state in decoding:
             active[state.rows] = True
-        self.positions.advance(active)
         return active
 
     @contextmanager
@@ -169,11 +174,15 @@ class Runner:
         """k: drafted tokens a verify step takes a row (0: the decode has no verify step)."""
         return self.decode.contract.draft_tokens if self.decode.verify_batches else 0
 
-    def verify_batch(self, width: int) -> int | None:
+    def verify_batch(self, decoding: list[RequestState], width: int) -> int | None:
         """The verify graph's batch covering the first `width` rows, if every row it steps has room for
-        its next token and k drafts in the cache (idle and parked rows write k + 1 slots too); else None."""
-        rows = covering(self.decode.verify_batches, width, self.tokens.shape[0])
-        end = int(self.positions.index[:rows].max()) + 1 + self.draft_tokens  # the furthest write
+        its next token and k drafts in the cache (idle and parked rows write k + 1 slots too, rested ones
+        from slot 0); else None."""
+        rows, k = covering(self.decode.verify_batches, width, self.tokens.shape[0]), self.draft_tokens
+        active = self._rows(decoding)[:rows]
+        index = self.positions.index[:rows] + active  # where the step's rows will stand (_advance)
+        index[self.positions.far(active, k + 1, index)] = 0
+        end = int(index.max()) + 1 + k  # the furthest write
         return rows if end < self.positions.pad_mask.shape[1] else None
 
     def verify(self, decoding: list[RequestState], width: int, drafts: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -202,8 +211,9 @@ class Runner:
         """A request ended in a row that keeps what it holds (a session's leased row, or a row of the
         prefix cache): how many tokens of its history the row's cache holds (all but the last chosen
         token, which was never fed), parked where the next request there writes first, so the steps of
-        other requests over it change nothing before it (runtime.engine.prefix: a ring's next slot is
-        the exception). A failed request leaves nothing trusted (0)."""
+        other requests over it change nothing before it (runtime.engine.prefix: a ring's next slots are
+        the exception; a row parked past the decoding rows rests, see _resting). A failed request leaves
+        nothing trusted (0)."""
         if failed:
             cached = 0
         elif state.status is Status.DECODING:

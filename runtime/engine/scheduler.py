@@ -215,10 +215,6 @@ class Scheduler:
         self.running.remove(state)
         self._own(state.rows, state.lease)
 
-    def forget(self, row: int) -> None:
-        """A free row's kept tokens are no longer kept (the engine idles the row)."""
-        self.kept.pop(row, None)
-
     def keep(self, row: int, tokens: object, length: int) -> None:
         """A free row's cache holds `length` tokens (`tokens`: the engine's record of them) for later prompts."""
         if self.reuse is not None and self.owners[row] is None:

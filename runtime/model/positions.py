@@ -79,11 +79,12 @@ class RowPositions:
             start = int(self.index[row]) + 1
             self.pad_mask[row, start : start + drafts - accepted] = False
 
-    def far(self, active: torch.Tensor, tokens: int = 1) -> torch.Tensor:
+    def far(self, active: torch.Tensor, tokens: int = 1, index: torch.Tensor | None = None) -> torch.Tensor:
         """Rows (n,) of the first len(active) that do not decode (`active` (b,) bool: those that do) and
-        stand past the decoding rows' furthest index: stepped where they stand, they would widen every
-        row's attention to their index (runtime.engine.runner rests them instead)."""
-        index = self.index[: active.shape[0]]
+        stand past the decoding rows' furthest index (`index` (b,): where the rows stand, if not where they
+        stand now): stepped there, they would widen every row's attention to their index
+        (runtime.engine.runner rests them instead)."""
+        index = self.index[: active.shape[0]] if index is None else index
         if not bool(active.any()):
             return index.new_zeros(0)
         span = int(index[active].max()) + tokens

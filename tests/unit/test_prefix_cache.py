@@ -227,3 +227,21 @@ def test_a_copied_prefix_waiting_for_its_first_chunk_keeps_what_it_holds(eager_r
     plan = [({"input_ids": ids}, SHORT, None) for ids in later] + [({"input_ids": running}, GREEDY, None)]
     assert_each_matches_lone_generate(rt.model, plan, results)
     assert [h.cached_tokens for h in handles] == [8, 8]
+
+
+def test_a_ring_wider_than_its_window_is_reused_partly_only_below_the_window():
+    """With speculation a ring has window + k slots, and a verify step beside a parked row writes its next
+    k + 1 slots: once the row has held `window` tokens those writes wrap onto its oldest slots. So a row
+    that held window tokens or more serves only prompts extending all it holds (Gemma 3, window 512,
+    k = 4: a row keeping 514 tokens had its first slots overwritten, and a prompt sharing its first 500
+    read them)."""
+    from runtime.engine.prefix import reusable
+    from runtime.format.layout import FULL, SLIDING, LayerLayout
+
+    layout = (LayerLayout(SLIDING, 8 + 3, 8, 1, 4), LayerLayout(FULL, 64, None, 1, 4))
+    for held, expected in ((7, 5), (8, 0), (10, 0)):
+        kept = torch.arange(10, 10 + held)[None]  # (1, held)
+        prompt = torch.cat([kept[:, :5], torch.tensor([[99, 98]])], 1)  # shares 5 of them, then differs
+        assert reusable(kept, prompt, layout, None) == expected, held
+    extends = torch.cat([kept, torch.tensor([[99, 98]])], 1)  # all it holds and more: still reusable
+    assert reusable(kept, extends, layout, None) == 10
