@@ -158,11 +158,15 @@ def _steady(rt, prompts: list, config: BenchConfig, log, reference: list) -> dic
             "identical": identical, "requests": requests}  # fmt: skip
 
 
+def _counters(engine, since: dict[str, int] | None = None) -> dict[str, int]:
+    """The engine's step and draft counters now, or their growth `since` an earlier reading."""
+    now = {name: getattr(engine, name) for name in ("steps", "verify_steps", "drafted", "accepted")}
+    return now if since is None else {name: now[name] - since[name] for name in now}
+
+
 def _clients(rt, prompts: list, config: BenchConfig, drafts: int | None) -> dict:
     """One window: tokens delivered before its end per second, and (client, tokens) of each reply."""
-    engine = rt.engine
-    counts = lambda: (engine.steps, engine.verify_steps, engine.drafted, engine.accepted)  # noqa: E731
-    before, start = counts(), time.monotonic()  # the clock of handle.times
+    before, start = _counters(rt.engine), time.monotonic()  # the clock of handle.times
     deadline, replies, lock = start + STEADY_SECONDS, [], threading.Lock()
 
     def client(i: int) -> None:
@@ -179,21 +183,18 @@ def _clients(rt, prompts: list, config: BenchConfig, drafts: int | None) -> dict
     for t in threads:
         t.join()
     delivered = sum(start <= t <= deadline for _, _, times in replies for t in times)
-    names = ("steps", "verify_steps", "drafted", "accepted")
-    steps = {name: now - then for name, now, then in zip(names, counts(), before, strict=True)}
-    return {"tps": delivered / STEADY_SECONDS, "replies": [(i, tokens) for i, tokens, _ in replies], **steps}
+    replied = [(i, tokens) for i, tokens, _ in replies]
+    return {"tps": delivered / STEADY_SECONDS, "replies": replied, **_counters(rt.engine, before)}
 
 
 def _once(rt, ids, new_tokens: int, drafts: int | None) -> dict:
-    engine = rt.engine
-    counts = lambda: (engine.drafted, engine.accepted, engine.verify_steps)  # noqa: E731
-    before = counts()
+    before = _counters(rt.engine)
     handle = rt.submit(ids, max_new_tokens=new_tokens, do_sample=False, prompt_lookup_num_tokens=drafts)
     tokens = [int(t[0]) for t, _ in handle]
     times = handle.times
-    drafted, accepted, verify = (now - then for now, then in zip(counts(), before, strict=True))
+    grown = _counters(rt.engine, before)
     tps = (len(tokens) - 1) / (times[-1] - times[0]) if len(tokens) > 1 else 0.0
-    return {"tokens": tokens, "decode_tps": tps, "drafted": drafted, "accepted": accepted, "verify_steps": verify}
+    return {"tokens": tokens, "decode_tps": tps, **{k: grown[k] for k in ("drafted", "accepted", "verify_steps")}}
 
 
 def _summary(kind: str, prompt: int, runs: dict) -> dict:
