@@ -91,13 +91,14 @@ def inductor_options(
     quantization: Quantization | None = None,
     native: NativeKernels | None = None,
     tokens: int = 1,
+    chunk: bool = False,
 ) -> dict:
     """The options of one decode graph: kernel_options, the contract's fingerprint in its metadata, and for
     the integer family's layers or the `dense` lowering, aotpack's kernels (`native`; see native_options)."""
     dequantizing = quantization is not None and quantization.kernels == INDUCTOR
     options = kernel_options(device, cpu_isa, dequantizing)
     # What the .so was compiled for, inside the .so: load() refuses a manifest that says otherwise.
-    options["aot_inductor.metadata"] = {METADATA_KEY: contract.fingerprint(batch, tokens)}
+    options["aot_inductor.metadata"] = {METADATA_KEY: contract.fingerprint(batch, tokens, chunk)}
     return options | native_options(native)
 
 
@@ -144,6 +145,6 @@ def _kept(files: list, into: Path, metadata: dict) -> list:
     return kept
 
 
-def package_graphs(compiled: dict[tuple[int, int], list], package: Path) -> Path:
-    """One `.pt2` holding each (batch, tokens) graph under runtime.format.contract.graph_name(batch, tokens)."""
+def package_graphs(compiled: dict[tuple[int, int, bool], list], package: Path) -> Path:
+    """One `.pt2` holding each (batch, tokens, chunk) graph under runtime.format.contract.graph_name of them."""
     return Path(aoti_package(str(package), {graph_name(*key): files for key, files in compiled.items()}))

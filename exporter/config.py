@@ -14,7 +14,7 @@ from exporter import generation
 from exporter.names import ATTENTION_KERNELS, GEMV_POLICIES
 from runtime.errors import ExportError
 from runtime.format.files import MANIFEST
-from runtime.format.manifest import DEVICES, DTYPES, MAX_DRAFT_TOKENS, RECIPES, SCALE_SEARCHES
+from runtime.format.manifest import DEVICES, DTYPES, MAX_CHUNK_TOKENS, MAX_DRAFT_TOKENS, RECIPES, SCALE_SEARCHES
 from runtime.format.quant import GROUP_SIZES, INDUCTOR, INT4, INTEGER, METHODS, QuantSpec
 
 CPU_ISAS = ("native", "avx2")
@@ -54,6 +54,9 @@ class ExportConfig:
     # k: compile a verify graph beside each decode graph taking a row's next token and k drafted ones
     # (speculative decoding by prompt lookup, runtime.engine.speculation); 0: none
     speculate: int = 0
+    # C: compile a graph that writes C prompt tokens of one row into the cache, which chunked admission
+    # runs instead of the eager model (runtime.engine.runner); 0: none
+    chunk_graph: int = 0
 
     def __post_init__(self):
         for key, limit in (("max_cache_len", MAX_CACHE_LEN), ("batch_size", MAX_BATCH), ("parity_steps", 1024)):
@@ -62,6 +65,7 @@ class ExportConfig:
                 raise ExportError(f"--{key.replace('_', '-')} must be an integer from 1 to {limit}, got {value!r}")
         self._check_buckets()
         self._check_speculate()
+        self._check_chunk_graph()
         if self.max_cache_len < 2:
             raise ExportError(f"--max-cache-len {self.max_cache_len} leaves no room to decode; use at least 2")
         if self.dtype not in DTYPES:
@@ -173,6 +177,14 @@ class ExportConfig:
         if k and k + 2 > self.max_cache_len:
             raise ExportError(
                 f"--speculate {k} needs room for {k + 1} tokens past the prompt; raise --max-cache-len above {k + 1}"
+            )
+
+    def _check_chunk_graph(self) -> None:
+        c, most = self.chunk_graph, min(MAX_CHUNK_TOKENS, self.max_cache_len)
+        if not isinstance(c, int) or isinstance(c, bool) or not (c == 0 or 2 <= c <= most):
+            raise ExportError(
+                f"--chunk-graph must be 0 (none) or a token count from 2 to {most} (at most the cache's length "
+                f"and {MAX_CHUNK_TOKENS}), got {c!r}"
             )
 
     def _check_onnx(self) -> None:

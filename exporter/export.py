@@ -82,11 +82,12 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     del float32
     quantization, family = _quantize(config, model, plan, progress) if plan else (None, None)
     native = family.built if family else _dense_kernels(config, progress)
-    layout = cache_layout(model, config.max_cache_len, config.speculate)
+    layout = cache_layout(model, config.max_cache_len, config.speculate, config.chunk_graph)
     step = decode_module(model, layout)
     contract = DecodeContract(
-        layout, config.batch_size, config.max_cache_len, config.dtype, config.device, config.speculate
-    )
+        layout, config.batch_size, config.max_cache_len, config.dtype, config.device, config.speculate,
+        config.chunk_graph,
+    )  # fmt: skip
     options = inductor_options(config.device, config.cpu_isa, contract, None, quantization)
     kernel = _attention(model, config, attention, options, progress)
     graphs, package = _compile_graphs(config, model, step, contract, kernel, quantization, native, progress, staging)
@@ -100,6 +101,7 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     manifest = replace(
         manifest, attn_implementation=attention, quantization=quantization, graphs=tuple(graphs),
         decode_attention=kernel, native=native and native.record, draft_tokens=config.speculate,
+        chunk_tokens=config.chunk_graph,
     )  # fmt: skip
     if config.onnx:
         with stage("onnx", "exporting the decode step to ONNX (decode.onnx) for ONNX Runtime"):
@@ -110,19 +112,23 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
 
 
 def _compile_graphs(config, model, step, contract, kernel, quantization, native, progress, staging: Path):
-    """Every batch bucket's decode graph, and with --speculate its verify graph, compiled in turn (each C++
-    compile already uses every core) and packaged into one decode.pt2; returns (the graphs' manifest
-    entries, the package)."""
+    """Every batch bucket's decode graph, with --speculate its verify graph, and with --chunk-graph the
+    chunk graph, compiled in turn (each C++ compile already uses every core) and packaged into one
+    decode.pt2; returns (the graphs' manifest entries, the package)."""
     graphs, files = [], {}
     record = native.record if native and quantization else None  # float graphs link them if they call them
-    shapes = [(b, 1) for b in config.buckets] + [(b, config.speculate + 1) for b in config.buckets if config.speculate]
+    shapes = [(b, 1, False) for b in config.buckets]
+    shapes += [(b, config.speculate + 1, False) for b in config.buckets if config.speculate]
+    shapes += [(1, config.chunk_graph, True)] if config.chunk_graph else []
     with tempfile.TemporaryDirectory(prefix="aotpack-graphs-") as compiled:  # each graph's own files
-        for batch, tokens in shapes:
-            into = Path(compiled) / graph_name(batch, tokens)
-            options = inductor_options(config.device, config.cpu_isa, contract, batch, quantization, record, tokens)
+        for shape in shapes:
+            into = Path(compiled) / graph_name(*shape)
+            options = inductor_options(
+                config.device, config.cpu_isa, contract, shape[0], quantization, record, *shape[1:]
+            )
             with kernels.linkable(native):
-                graph, files[batch, tokens] = _compile_graph(
-                    config, model, step, contract, kernel, (batch, tokens), options, native, progress, into
+                graph, files[shape] = _compile_graph(
+                    config, model, step, contract, kernel, shape, options, native, progress, into
                 )
             graphs.append(graph)
         return graphs, package_graphs(files, staging / DECODE)
@@ -142,22 +148,28 @@ def _quantize(config: ExportConfig, model, plan: Quantization, progress: Progres
 
 
 def _compile_graph(config, model, step, contract, kernel, shape, options: dict, native, progress: Progress, into):
-    """The graph for exactly `shape` = (batch rows, tokens a row): traced, its GEMV kernels chosen for its
-    batch x tokens activation rows, compiled (its files kept in the directory `into`; linked against
-    aotpack's kernels `native` where a lowering calls them). Returns (its manifest entry, parity still to
-    check; the files)."""
-    (batch, tokens), start, stage = shape, time.perf_counter(), progress.stage
-    what = f"batch-{batch} decode step" if tokens == 1 else f"batch-{batch} verify step ({tokens} tokens a row)"
+    """The graph for exactly `shape` = (batch rows, tokens a row, whether it is the chunk graph): traced,
+    its GEMV kernels chosen for its batch x tokens activation rows, compiled (its files kept in the
+    directory `into`; linked against aotpack's kernels `native` where a lowering calls them). Returns (its
+    manifest entry, parity still to check; the files)."""
+    (batch, tokens, chunk), start, stage = shape, time.perf_counter(), progress.stage
+    what = _graph_what(batch, tokens, chunk)
     message = f"exporting the {what} of {type(model).__name__} ({len(contract.layout)} layers, "
     with stage("trace", message + f"cache {config.max_cache_len})"), decode_attention.installed(model, kernel):
-        exported = export_decode(step, contract, batch, tokens)
+        exported = export_decode(step.without_head() if chunk else step, contract, batch, tokens)
     lowerings = _lowerings(config, weight_shapes(exported), options, batch * tokens, progress, native is not None)
     if native is not None and any(lw.chosen == DENSE for lw in lowerings):
         options = options | native_options(native.record)
     with stage("compile", f"compiling with AOTInductor: the {what}"):
         files = compile_graph(lower(exported, lowerings), options, into)
     seconds = round(time.perf_counter() - start, 1)
-    return DecodeGraph(batch, lowerings, Parity(0, 0.0, 0.0, False), seconds, tokens), files
+    return DecodeGraph(batch, lowerings, Parity(0, 0.0, 0.0, False), seconds, tokens, chunk), files
+
+
+def _graph_what(batch: int, tokens: int, chunk: bool) -> str:
+    if chunk:
+        return f"chunk graph ({tokens} prompt tokens of one row)"
+    return f"batch-{batch} decode step" if tokens == 1 else f"batch-{batch} verify step ({tokens} tokens a row)"
 
 
 def _parity(config, staging: Path, manifest: Manifest, model, tokenizer, package: Path, contract) -> Manifest:
@@ -167,9 +179,10 @@ def _parity(config, staging: Path, manifest: Manifest, model, tokenizer, package
     integer = manifest.quantization is not None and manifest.quantization.kernels == INTEGER
     graphs = []
     for graph in manifest.graphs:
-        name = f"compiled {'decode' if graph.tokens == 1 else 'verify'} (batch {graph.batch})"
+        name = f"compiled {_graph_what(graph.batch, graph.tokens, graph.chunk)}"
+        verify = graph.tokens > 1 and not graph.chunk
         report = check_parity(
-            model, {name: compiled}, contract, tokenizer, config.parity_steps, graph.batch, integer, graph.tokens > 1
+            model, {name: compiled}, contract, tokenizer, config.parity_steps, graph.batch, integer, verify, graph.chunk
         )
         graphs.append(replace(graph, parity=report[name]))
     reports = [g.parity for g in graphs]

@@ -41,11 +41,14 @@ def text_config(model: nn.Module):
     return model.config.get_text_config(decoder=True)
 
 
-def cache_layout(model: nn.Module, max_cache_len: int, draft_tokens: int = 0) -> tuple[LayerLayout, ...]:
+def cache_layout(
+    model: nn.Module, max_cache_len: int, draft_tokens: int = 0, chunk_tokens: int = 0
+) -> tuple[LayerLayout, ...]:
     """One LayerLayout per decoder layer; refuses layer kinds the decode step cannot hold. A ring holds
     `draft_tokens` slots beyond its window: a verify step writes that many drafted tokens past a row's
     last, and a rejected one then overwrites only a token that has left every later query's window
-    (runtime.format.layout)."""
+    (runtime.format.layout). The chunk graph writes `chunk_tokens` at once: C - 1 slots beyond."""
+    spare = max(draft_tokens, chunk_tokens - 1)
     config = text_config(model)
     layer_types, layer_kwargs = compat.layer_types_and_kwargs(config)
     num_kv_heads, head_dim = compat.head_shapes(config)
@@ -58,7 +61,7 @@ def cache_layout(model: nn.Module, max_cache_len: int, draft_tokens: int = 0) ->
             layout.append(LayerLayout(FULL, max_cache_len, None, h, d))
         elif kind == SLIDING:
             window = kwargs["sliding_window"]
-            layout.append(LayerLayout(SLIDING, min(window + draft_tokens, max_cache_len), window, h, d))
+            layout.append(LayerLayout(SLIDING, min(window + spare, max_cache_len), window, h, d))
         else:
             raise ExportError(
                 f"{type(model).__name__} has a {kind!r} layer; aotpack's decode cache supports only "

@@ -45,6 +45,15 @@ def parity_prompt(tokenizer, batch: int, max_len: int, device) -> tuple[torch.Te
     return torch.stack(rows), mask.to(device)
 
 
+def chunk_prompt(tokenizer, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row of `length` tokens (ids (1, S), mask (1, S)): the parity text repeated after its first
+    token, long enough to take several calls of a chunk graph and end in a padded one."""
+    ids = tokenizer("Why is the sky blue? Compilers turn programs into machine code.", return_tensors="pt").input_ids[0]
+    body = ids[1:].repeat(length // max(1, ids.shape[0] - 1) + 1)
+    row = torch.cat([ids[:1], body])[:length].to(device)  # (S,)
+    return row[None], torch.ones_like(row)[None]
+
+
 @torch.inference_mode()
 def check_parity(
     model,
@@ -55,13 +64,21 @@ def check_parity(
     rows: int,
     integer: bool = False,
     verify: bool = False,
+    chunk: bool = False,
 ) -> dict[str, Parity]:
     """Each of `decodes` ({name in the error: decode}) against one eager generate of a left-padded batch
     of `rows` rows, teacher-forced; returns each one's report, or raises for the first that fails.
     `integer`: the model's linear layers quantize their activations (INTEGER_TOLERANCE). `verify`: the
     rows go as `rows` one-row requests that draft the reference's own tokens, so that their steps are
-    verify steps accepting every draft (runtime.engine.speculation), each row against its own generate."""
-    ids, mask = parity_prompt(tokenizer, rows, max(1, contract.max_cache_len // 2), contract.device)
+    verify steps accepting every draft (runtime.engine.speculation), each row against its own generate.
+    `chunk`: one row whose prompt (2 C + 3 tokens, within half the cache) goes in through the chunk graph
+    (C tokens a call, the last padded), the decode steps after it compared."""
+    if chunk:
+        ids, mask = chunk_prompt(
+            tokenizer, min(contract.max_cache_len // 2, 2 * contract.chunk_tokens + 3), contract.device
+        )
+    else:
+        ids, mask = parity_prompt(tokenizer, rows, max(1, contract.max_cache_len // 2), contract.device)
     steps = min(steps, contract.max_cache_len - ids.shape[1])  # leave room to decode
     prompts = [ids[r : r + 1, -int(mask[r].sum()) :] for r in range(rows)] if verify else [ids]
     refs = [_generate(model, p, torch.ones_like(p) if verify else mask, steps) for p in prompts]
@@ -72,7 +89,7 @@ def check_parity(
         if verify:
             ours = _drafted(model, decode, contract, tokenizer, prompts, ref_tokens)
         else:
-            ours = _teacher_forced(model, decode, contract, tokenizer, ids, mask, ref_tokens)
+            ours = _teacher_forced(model, decode, contract, tokenizer, ids, mask, ref_tokens, chunk)
         if len(ours) != steps:
             raise ExportError(f"parity check failed: {what} stopped after {len(ours)} of {steps} forced steps")
         relative = max(RELATIVE_TOLERANCE[contract.dtype], INTEGER_TOLERANCE if integer else 0.0)
@@ -153,14 +170,40 @@ def _forced_request(validator: Validator, ids, mask, tokens: torch.Tensor):
         raise ExportError(f"parity check could not run: {e}") from None
 
 
-def _teacher_forced(model, decode, contract, tokenizer, ids, mask, tokens) -> list[torch.Tensor]:
-    """The raw logits (b, vocab) of each step, the engine fed the reference's `tokens` (b, steps)."""
-    engine, validator = _engine(model, decode, contract, tokenizer, ids.shape[0])
+def _teacher_forced(model, decode, contract, tokenizer, ids, mask, tokens, chunk=False) -> list[torch.Tensor]:
+    """The raw logits (b, vocab) of each step, the engine fed the reference's `tokens` (b, steps).
+    `chunk`: the prompt must have gone in through the decode's chunk graph."""
+    calls = []
+    rows = max(ids.shape[0], decode.batches[0]) if chunk else ids.shape[0]  # the chunk graph's row among idle ones
+    decode = _Counting(decode, calls) if chunk else decode
+    engine, validator = _engine(model, decode, contract, tokenizer, rows)
     try:
         request = _forced_request(validator, ids, mask, tokens)
-        return [logits for _, logits in engine.submit(request, want_logits=True)]
+        logits = [logits for _, logits in engine.submit(request, want_logits=True)]
     finally:
         engine.close()
+    if chunk and len(calls) != -(-(ids.shape[1] - 1) // contract.chunk_tokens):
+        raise ExportError(
+            f"parity check failed: the chunk graph took {len(calls)} calls for a {ids.shape[1]}-token prompt"
+        )
+    return logits
+
+
+class _Counting:
+    """A decode whose `chunk` calls are counted (the parity gate checks the prompt took the graph)."""
+
+    def __init__(self, decode, calls: list):
+        self.decode, self.calls = decode, calls
+
+    def __getattr__(self, name):
+        return getattr(self.decode, name)
+
+    def __call__(self, *inputs):
+        return self.decode(*inputs)
+
+    def chunk(self, *inputs):
+        self.calls.append(inputs[0].shape)
+        return self.decode.chunk(*inputs)
 
 
 def _drafted(model, decode, contract, tokenizer, prompts: list, tokens) -> list[torch.Tensor]:

@@ -152,8 +152,8 @@ def onnx_runtime(bundle):
 
 @pytest.fixture(scope="session")
 def eager_runtime(checkpoint):
-    """eager_runtime(name, rows=4, cache=64, drafts=0, **load_options) -> a Runtime over the preset's checkpoint with
-    the eager backend: the engine, validation and sessions exactly as a bundle runs them, around the
+    """eager_runtime(name, rows=4, cache=64, drafts=0, chunk=0, **load_options) -> a Runtime over the preset's
+    checkpoint with the eager backend: the engine, validation and sessions exactly as a bundle runs them, around the
     very decode step the exporter traces, run by torch (no compile: seconds). Each call builds a new one."""
     from exporter.model import cache_layout, load_model
     from runtime.backends.eager import EagerDecode
@@ -161,11 +161,13 @@ def eager_runtime(checkpoint):
     from runtime.format.contract import DecodeContract
     from runtime.runtime import Runtime
 
-    def build(name: str, rows: int = 4, cache: int = 64, drafts: int = 0, **options):
-        """`drafts`: k of speculative decoding (the eager step verifies any), its rings k slots wider."""
+    def build(name: str, rows: int = 4, cache: int = 64, drafts: int = 0, chunk: int = 0, **options):
+        """`drafts`: k of speculative decoding (the eager step verifies any), its rings k slots wider;
+        `chunk`: C of a chunk graph (the eager step without its head runs it), its rings C - 1 wider."""
         path = checkpoint(name)
         model, _ = load_model(path, "float32", "cpu")
-        contract = DecodeContract(cache_layout(model, cache, drafts), rows, cache, "float32", "cpu", drafts)
+        layout = cache_layout(model, cache, drafts, chunk)
+        contract = DecodeContract(layout, rows, cache, "float32", "cpu", drafts, chunk)
         config = LoadConfig(backend="eager", **options)
         return Runtime(path, model, EagerDecode(model, contract), contract, config)
 

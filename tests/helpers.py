@@ -284,3 +284,20 @@ JSON_SCHEMA = {
     "required": ["color", "count", "ok"],
     "additionalProperties": False,
 }
+
+
+class WholeWords:
+    """A logits processor leaving only tokens that are one space and a lowercase word: a reply the chat
+    template renders back as the same tokens (a random model otherwise emits byte fragments that
+    re-tokenize differently, and a session then prefills its conversation again)."""
+
+    def __init__(self, tokenizer):
+        import re
+
+        vocab = len(tokenizer)
+        words = [t for t in range(vocab) if re.fullmatch(r" [a-z]{2,}", tokenizer.decode([t]))]
+        self.banned = torch.ones(vocab, dtype=torch.bool)
+        self.banned[words] = False
+
+    def __call__(self, input_ids, scores):
+        return scores.masked_fill(self.banned[: scores.shape[-1]], -float("inf"))

@@ -73,6 +73,11 @@ def export_variant(
     return time.perf_counter() - start
 
 
+def chunk_graph(config) -> tuple[str, ...]:
+    """The export options a --streams or --serve bundle takes for the bench's --chunk-graph."""
+    return ("--chunk-graph", str(config.chunk_graph)) if config.chunk_graph else ()
+
+
 # the vector ISAs that decide which kernels Inductor and llama.cpp can use on this CPU
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from exporter.bench.build import export_variant, header, run
+from exporter.bench.build import chunk_graph, export_variant, header, run
 from exporter.bench.config import BenchConfig
 from exporter.bench.report import verdict_of
 from exporter.source import checkpoint_dir
@@ -40,7 +40,9 @@ def bench_streams(config: BenchConfig, log=print) -> dict:
     with tempfile.TemporaryDirectory(prefix="aotpack-streams-") as tmp, checkpoint_dir(config.model) as checkpoint:
         bundle = Path(tmp) / "bundle"
         log(f"[{variant}] exporting a bundle with {config.streams} cache rows, max_cache_len {cache}")
-        build_s = export_variant(checkpoint, bundle, variant, cache, config.gemv, batch=config.streams)
+        build_s = export_variant(
+            checkpoint, bundle, variant, cache, config.gemv, batch=config.streams, extra=chunk_graph(config)
+        )
         log(f"[{variant}] 1 stream, {config.streams} streams, then a {config.long_prompt}-token prompt admitted")
         measured = json.loads(run([sys.executable, "-m", "exporter.bench.streams", *_worker_args(config, bundle)]))
     results = header(config) | {

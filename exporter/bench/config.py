@@ -46,6 +46,7 @@ class BenchConfig:
     long_prompt: int = 512  # ...and the prompt admitted while N - 1 of them decode
     prefill_chunk: int = 32  # ...prefilled whole, then in chunks of this many tokens
     prefill_budget: float = 1.0  # ...then in chunks of this many decode steps' time (at most prefill_chunk tokens)
+    chunk_graph: int = 16  # --streams and --serve bundles: `export --chunk-graph C` (0: chunks run eagerly)
     serve: bool = False  # `aotpack serve` against `transformers serve` (exporter.bench.serving), N = streams
     ray: bool = False  # with serve: alone and on Ray Serve with 1 and 2 replicas (exporter.bench.scaleout)
     structured: bool = False  # with serve: JSON-schema-constrained against free streams (exporter.bench.structured)
@@ -60,6 +61,8 @@ class BenchConfig:
             )
         if self.rounds < 1:
             raise BenchError(f"--rounds must be >= 1, got {self.rounds}")
+        if self.chunk_graph < 0:
+            raise BenchError(f"--chunk-graph must be 0 (none) or a token count, got {self.chunk_graph}")
         if self.prefill_chunk < 1 or not self.prefill_budget > 0:
             raise BenchError(
                 f"--prefill-chunk must be >= 1 and --prefill-budget > 0, got {self.prefill_chunk} and "

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from exporter.bench.build import export_variant, machine
+from exporter.bench.build import chunk_graph, export_variant, machine
 from exporter.bench.config import BenchConfig
 from exporter.bench.llama_cpp import GGUF_TYPE, gguf_for
 from exporter.bench.report import verdict_of
@@ -226,8 +226,9 @@ def run_servers(config: BenchConfig, servers: dict, prefix: str, log, measure=me
         bundle = Path(tmp) / "bundle"
         log(f"[{variant}] exporting a bundle with {config.streams} cache rows")
         results["build_s"] = export_variant(
-            checkpoint, bundle, variant, config.max_cache_len, config.gemv, batch=config.streams
-        )
+            checkpoint, bundle, variant, config.max_cache_len, config.gemv, batch=config.streams,
+            extra=chunk_graph(config),
+        )  # fmt: skip
         for name, launch in servers.items():
             log(f"[{variant}] {name}: cold start, then {config.streams} concurrent streaming clients")
             port = _free_port()

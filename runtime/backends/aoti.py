@@ -23,7 +23,7 @@ from runtime import compat
 from runtime.backends.base import Backend
 from runtime.backends.checks import check_step_inputs, lend_constants
 from runtime.cpu import check_cpu_isa
-from runtime.errors import BundleError, IncompatibleBundleError
+from runtime.errors import BundleError, IncompatibleBundleError, InvalidInputError
 from runtime.format.contract import DecodeContract, graph_name
 from runtime.format.files import DECODE, read_verified
 from runtime.format.manifest import Manifest
@@ -33,42 +33,56 @@ class CompiledDecode:
     """The compiled step, called through the bundle's DecodeContract:
     input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab),
     where b is one of `batches` (a graph each); with k + 1 tokens a row (a verify step, b one of
-    `verify_batches`), logits (b, k + 1, vocab)."""
+    `verify_batches`), logits (b, k + 1, vocab). `chunk`: the chunk graph, where the bundle has one."""
 
     def __init__(self, package: Path, model: nn.Module, manifest: Manifest, sha256: str | None = None):
         """`sha256`: what the package's bytes must hash to (the manifest's entry); the loaded code is then
         exactly the verified bytes, even if the bundle's file is replaced meanwhile."""
         self.contract = DecodeContract.of(manifest)
         self.batches, self.verify_batches = manifest.batches, manifest.verify_batches
+        self.chunk_tokens = manifest.chunk_tokens
         constants = lend_constants(model, manifest.constants, manifest.device)
-        verify, name = self.contract.verify_tokens, Path(package).name
+        verify, name, c = self.contract.verify_tokens, Path(package).name, self.chunk_tokens
         with _private_copy(Path(package), sha256) as private:
-            loaders = {b: self._open_graph(private, name, b, 1, constants) for b in self.batches}
-            verifiers = {b: self._open_graph(private, name, b, verify, constants) for b in self.verify_batches}
-        self._loaders = loaders | {(b, verify): loader for b, loader in verifiers.items()}
+            loaders = {b: self._open_graph(private, name, (b, 1, False), constants) for b in self.batches}
+            verifiers = {b: self._open_graph(private, name, (b, verify, False), constants) for b in self.verify_batches}
+            chunker = self._open_graph(private, name, (1, c, True), constants) if c else None
+        self._loaders = loaders | {(b, verify): loader for b, loader in verifiers.items()} | {"chunk": chunker}
         self._runs = {b: loader.run for b, loader in loaders.items()}  # flat inputs: no pytree per step
         self._verifies = {b: loader.run for b, loader in verifiers.items()}
+        self._chunk = chunker.run if chunker else None
 
-    def _open_graph(self, private: Path, name: str, batch: int, tokens: int, constants: dict):
-        what = f"batch {batch}" if tokens == 1 else f"the batch-{batch} verify graph"
+    def _open_graph(self, private: Path, name: str, shape: tuple[int, int, bool], constants: dict):
+        """The graph of `shape` (batch, tokens, chunk), checked and lent its constants: every one of a
+        decode or verify graph's; the chunk graph, which has no lm_head, those it names (all of them
+        where the lm_head is the tied embedding)."""
+        batch, tokens, chunk = shape
+        what = "the chunk graph" if chunk else f"batch {batch}" if tokens == 1 else f"the batch-{batch} verify graph"
         try:
-            loader = compat.load_aoti_package(str(private), graph_name(batch, tokens))
+            loader = compat.load_aoti_package(str(private), graph_name(*shape))
         except RuntimeError as e:  # a damaged package whose hash was recomputed, a missing graph or symbol
             raise BundleError(f"{name} could not be loaded for {what} ({str(e)[:300]}); re-export the bundle") from None
-        self.contract.check_package(loader.get_metadata(), name, batch, tokens)  # before any native call
+        self.contract.check_package(loader.get_metadata(), name, *shape)  # before any native call
         expected = set(loader.get_constant_fqns())
-        if expected != set(constants):
+        if not expected <= set(constants) or (expected != set(constants) and not chunk):
             raise BundleError(
-                f"compiled decode ({what}) expects constants {sorted(expected - set(constants))[:5]} the "
+                f"compiled decode ({what}) expects constants {sorted(expected ^ set(constants))[:5]} the "
                 "manifest does not provide; the bundle is inconsistent, re-export it"
             )
-        compat.lend_constants(loader, constants)  # user-managed: every graph holds the same tensors
+        compat.lend_constants(loader, {k: v for k, v in constants.items() if k in expected})  # one copy for all
         return loader
 
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> torch.Tensor:
         inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
         tokens = check_step_inputs(self.contract, inputs, self.batches, self.verify_batches)
         return (self._runs if tokens == 1 else self._verifies)[input_ids.shape[0]](inputs)[0]
+
+    def chunk(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> None:
+        if self._chunk is None:
+            raise InvalidInputError("this bundle has no chunk graph; export it with --chunk-graph C")
+        inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
+        check_step_inputs(self.contract, inputs, chunk=True)
+        self._chunk(inputs)
 
 
 @contextmanager

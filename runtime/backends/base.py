@@ -18,9 +18,14 @@ class Decode(Protocol):
     contract: object  # runtime.format.contract.DecodeContract
     batches: tuple[int, ...]  # the row counts it steps, ascending: a graph each, or every 1..batch_size
     verify_batches: tuple[int, ...]  # the row counts it verifies drafts for (k + 1 tokens a row); () for none
+    chunk_tokens: int  # C: the prompt tokens of one row its `chunk` writes into the cache at once; 0: no chunk
 
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list) -> object:
         """input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab) fp32."""
+
+    def chunk(self, input_ids, position_ids, cache_position, pad_mask, kv: list) -> None:
+        """Where chunk_tokens is C: input_ids (1, C) and position_ids (1, C) of one row's prompt tokens at
+        cache indices [cache_position, + C), pad_mask (1, L), kv one row's -> their keys and values in kv."""
 
 
 class Backend:

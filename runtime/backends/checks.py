@@ -19,11 +19,13 @@ def check_step_inputs(
     inputs: list,
     batches: tuple[int, ...] | None = None,
     verify: tuple[int, ...] | None = None,
+    chunk: bool = False,
 ) -> int:
     """Refuse anything the compiled step would misread: count, type, shape, dtype, device, layout, a
     cache position outside the cache, tokens per row no graph takes (1, or a verify graph's k + 1).
     `batches`, `verify`: the only batches the step has a decode graph, a verify graph for (None: any of
-    1..batch_size). Returns the tokens per row."""
+    1..batch_size); `chunk`: a call of the chunk graph (one row, the contract's chunk tokens). Returns
+    the tokens per row."""
     if len(inputs) != len(STEP_INPUTS) + 2 * len(contract.layout):
         raise InvalidInputError(
             f"the compiled decode takes {len(STEP_INPUTS)} inputs and {2 * len(contract.layout)} KV tensors, "
@@ -35,8 +37,10 @@ def check_step_inputs(
         raise InvalidInputError(
             f"batch {batch} is outside this bundle's 1..{contract.batch_size}; re-export with --batch-size {batch}"
         )
-    tokens = _tokens(contract, first)
-    batches = batches if tokens == 1 else verify
+    tokens = _tokens(contract, first, chunk)
+    if chunk and batch != 1:
+        raise InvalidInputError(f"the chunk graph writes one row's prompt tokens; got {batch} rows")
+    batches = None if chunk else batches if tokens == 1 else verify
     if batches == ():
         raise InvalidInputError(f"this backend has no verify step: input_ids must take 1 token a row, not {tokens}")
     if batches is not None and batch not in batches:
@@ -64,11 +68,16 @@ def check_step_inputs(
     return tokens
 
 
-def _tokens(contract: DecodeContract, input_ids) -> int:
-    """Tokens per row: 1, or the verify graphs' k + 1 where the bundle has them."""
+def _tokens(contract: DecodeContract, input_ids, chunk: bool) -> int:
+    """Tokens per row: 1, or the verify graphs' k + 1 where the bundle has them; the chunk graph's C."""
     tokens = input_ids.shape[1] if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else 0
+    if chunk and tokens != contract.chunk_tokens:
+        raise InvalidInputError(
+            f"input_ids has {tokens} tokens; this bundle's chunk graph takes {contract.chunk_tokens} "
+            "(pad a shorter piece; without a chunk graph, export with --chunk-graph C)"
+        )
     allowed = (1, contract.verify_tokens) if contract.verify_tokens else (1,)
-    if tokens not in allowed:
+    if not chunk and tokens not in allowed:
         raise InvalidInputError(
             f"input_ids has {tokens} tokens per row; this bundle's steps take {' or '.join(map(str, allowed))} "
             "(a verify step: the next token and the bundle's --speculate drafts)"

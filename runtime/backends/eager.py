@@ -22,19 +22,28 @@ from runtime.model.step import decode_step
 
 class EagerDecode:
     """input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab);
-    with the contract's k + 1 tokens a row (a verify step), logits (b, k + 1, vocab)."""
+    with the contract's k + 1 tokens a row (a verify step), logits (b, k + 1, vocab). `chunk`: the chunk
+    graph's computation, run as it is."""
 
     def __init__(self, model: nn.Module, contract: DecodeContract):
         self.contract = contract
         self.batches = every_batch(contract)
         self.verify_batches = self.batches if contract.draft_tokens else ()
+        self.chunk_tokens = contract.chunk_tokens
         self.step = decode_step(model, contract.layout)
+        self.chunk_step = self.step.without_head()
 
     @torch.inference_mode()
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> torch.Tensor:
         inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
         check_step_inputs(self.contract, inputs)
         return self.step(*inputs)
+
+    @torch.inference_mode()
+    def chunk(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> None:
+        inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
+        check_step_inputs(self.contract, inputs, chunk=True)
+        self.chunk_step(*inputs)
 
 
 class EagerBackend(Backend):

@@ -42,6 +42,7 @@ class OnnxRuntimeDecode:
         self.contract = DecodeContract.of(manifest)
         self.batches = every_batch(self.contract)  # one graph, batch dynamic
         self.verify_batches = ()  # decode.onnx has no verify step: the engine decodes without drafts
+        self.chunk_tokens = 0  # nor a chunk graph: prompts go in through the eager model
         self.inputs, self.outputs = self.contract.onnx_names()
         options = _session_options(ort, prepack)
         # The graph comes from verified bytes; its external weights name files of this folder (validated,

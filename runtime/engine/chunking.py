@@ -12,7 +12,8 @@ budget is scaled by r squared instead, which lands at or under it, and the sizes
 target from below, so a stall over the budget is one chunk long (one chunk goes in an iteration while
 others decode: runtime.engine.scheduler). When a alone takes more than the
 budget, chunks shrink to MIN_CHUNK. A stream then waits about (1 + budget) steps for its next token while
-a long prompt goes in.
+a long prompt goes in. A bundle's chunk graph takes C tokens a call (runtime.engine.runner), so sizes
+are then whole multiples of C (`quantum`), at least one: a call's padding costs as much as its tokens.
 """
 
 from __future__ import annotations
@@ -26,23 +27,27 @@ MIN_CHUNK = 8
 class ChunkSizer:
     """Not thread-safe: the engine calls it under its own lock (`size`) and from its loop (`timed`)."""
 
-    def __init__(self, limit: int | None, budget: float | None, last: tuple[int, float] | None = None):
+    def __init__(
+        self, limit: int | None, budget: float | None, last: tuple[int, float] | None = None, quantum: int = 1
+    ):
         """`limit`: the largest chunk, and every chunk's size without a budget (None: whole prompts);
         `budget`: the decode steps' time a chunk may take (None: fixed chunks); `last`: (tokens, seconds)
-        of the latest prompt piece prefilled, if one was measured."""
+        of the latest prompt piece prefilled, if one was measured; `quantum`: budgeted sizes are whole
+        multiples of it (a chunk graph's tokens; 1: any size)."""
         self.limit, self.budget = limit, budget
-        self.last = last
+        self.last, self.quantum = last, quantum
 
     def size(self, step_seconds: float | None) -> int | None:
         """Tokens for the next chunk, given what a decode step of the running requests takes lately."""
         if self.limit is None or self.budget is None or step_seconds is None:
             return self.limit
+        least = min(self.quantum if self.quantum > 1 else MIN_CHUNK, self.limit)
         if self.last is None:  # nothing prefilled yet: start small, and grow onto the budget from below
-            return min(MIN_CHUNK, self.limit)
+            return least
         tokens, seconds = self.last
         ratio = self.budget * step_seconds / max(seconds, 1e-9)
-        scaled = round(tokens * (ratio if ratio >= 1 else ratio * ratio))
-        return max(min(MIN_CHUNK, self.limit), min(self.limit, scaled))
+        scaled = min(self.limit, round(tokens * (ratio if ratio >= 1 else ratio * ratio)))
+        return max(least, scaled - scaled % self.quantum)
 
     def timed(self, tokens: int, seconds: float) -> None:
         """A text piece of `tokens` prompt tokens took `seconds` to prefill."""

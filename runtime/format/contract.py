@@ -26,8 +26,11 @@ TOKENS = "tokens"
 METADATA_KEY = "aotpack_decode_contract"  # the .pt2 metadata entry holding `fingerprint()`
 
 
-def graph_name(batch: int, tokens: int = 1) -> str:
-    """The model name, inside decode.pt2, of the graph that steps exactly `batch` rows by `tokens` each."""
+def graph_name(batch: int, tokens: int = 1, chunk: bool = False) -> str:
+    """The model name, inside decode.pt2, of the graph that steps exactly `batch` rows by `tokens` each
+    (`chunk`: the prefill-chunk graph, which writes one row's prompt tokens and gives no logits)."""
+    if chunk:
+        return f"chunk{tokens}"
     return f"batch{batch}" if tokens == 1 else f"verify{batch}x{tokens}"
 
 
@@ -40,7 +43,8 @@ class StepInput:
 
 # Call order; the KV tensors follow, keys then values per layer, each (batch, kv_heads, slots, head_dim)
 # in the bundle dtype. Output: next-token logits (batch, vocab) in float32; a verify graph's are
-# (batch, tokens, vocab), the logits after each of its tokens.
+# (batch, tokens, vocab), the logits after each of its tokens; the chunk graph's, the last token's final
+# hidden state (1, hidden) in float32 (the keys and values it writes are what it is for).
 STEP_INPUTS = (
     StepInput("input_ids", "int64", (BATCH, TOKENS)),  # the newest token of each row (and its drafts)
     StepInput("position_ids", "int64", (BATCH, TOKENS)),  # their rotary positions (left padding shifts them)
@@ -64,6 +68,7 @@ class DecodeContract:
     dtype: str
     device: str
     draft_tokens: int = 0  # k: the bundle's verify graphs take k + 1 tokens per row (0: no speculation)
+    chunk_tokens: int = 0  # C: the bundle's chunk graph prefills C prompt tokens of one row (0: none)
 
     @property
     def verify_tokens(self) -> int | None:
@@ -79,17 +84,20 @@ class DecodeContract:
                 "re-export the bundle with this aotpack"
             )
         layout, rows, length = tuple(manifest.cache_layout), manifest.batch_size, manifest.max_cache_len
-        return cls(layout, rows, length, manifest.dtype, manifest.device, manifest.draft_tokens)
+        return cls(layout, rows, length, manifest.dtype, manifest.device, manifest.draft_tokens, manifest.chunk_tokens)
 
-    def fingerprint(self, batch: int | None = None, tokens: int = 1) -> str:
+    def fingerprint(self, batch: int | None = None, tokens: int = 1, chunk: bool = False) -> str:
         """What a graph was compiled for, as one string: recorded in its metadata, compared at load.
         `batch`: the rows a static-batch graph steps (None: a dynamic batch, 1..batch_size); `tokens`: per
-        row. A decode graph of a bundle without drafts hashes as format 9's did (TOKENS written as 1)."""
+        row; `chunk`: the chunk graph. A decode graph of a bundle without drafts or chunk graph hashes as
+        format 9's did (TOKENS written as 1)."""
         inputs = [asdict(i) | {"shape": [1 if d == TOKENS else d for d in i.shape]} for i in STEP_INPUTS]
         body = {"inputs": inputs, "kv": [asdict(layer) for layer in self.layout]}
         body |= {"batch_size": self.batch_size, "max_cache_len": self.max_cache_len, "dtype": self.dtype}
         body |= {"draft_tokens": self.draft_tokens} if self.draft_tokens else {}
+        body |= {"chunk_tokens": self.chunk_tokens} if self.chunk_tokens else {}
         body |= {"graph_tokens": tokens} if tokens != 1 else {}
+        body |= {"graph_kind": "chunk"} if chunk else {}
         return json_digest(body if batch is None else body | {"graph_batch": batch})
 
     def shape(self, spec: StepInput, batch: int, span: int, tokens: int = 1) -> tuple[int, ...]:
@@ -111,11 +119,12 @@ class DecodeContract:
         return [*INPUT_NAMES, *self.kv_names()], ["logits", *self.kv_names("new_")]
 
     def check_package(
-        self, metadata: dict, artifact: str = "decode.pt2", batch: int | None = None, tokens: int = 1
+        self, metadata: dict, artifact: str = "decode.pt2", batch: int | None = None, tokens: int = 1, chunk=False
     ) -> None:
         """A graph of the `.pt2` (or decode.onnx) was built for exactly this signature (its metadata
-        carries the fingerprint); `batch`: the graph's static batch, `tokens` its tokens per row."""
-        if metadata.get(METADATA_KEY) != self.fingerprint(batch, tokens):
+        carries the fingerprint); `batch`: the graph's static batch, `tokens` its tokens per row, `chunk`:
+        whether it is the chunk graph."""
+        if metadata.get(METADATA_KEY) != self.fingerprint(batch, tokens, chunk):
             raise BundleError(
                 f"the manifest's cache layout, batch size, max_cache_len or dtype is not what {artifact} was "
                 "compiled for; the bundle is inconsistent, re-export it"

@@ -4,10 +4,11 @@ Owns: what each layer's cache holds (kind, slots, window, head shapes) and how m
 Why a ring buffer: transformers' `StaticSlidingWindowLayer` tracks its fill level in a Python int, which
 `torch.export` bakes in as a constant, so it cannot serve a position-generic decode step. Here a sliding
 layer holds `min(window + k, max_cache_len)` slots and token `t` always lives in slot `t % slots`
-(runtime.model.cache writes it; runtime.model.masks reads it, live within the window). `k` is a
-bundle's draft tokens (speculative decoding, 0 without): a verify step writes a row's next k + 1 tokens
-before any is accepted, and with k slots to spare, a rejected token's slot held one that no later query's
-window reaches.
+(runtime.model.cache writes it; runtime.model.masks reads it, live within the window). `k` is what a
+step writes at once beyond a row's next token: a bundle's draft tokens (speculative decoding: a verify
+step writes a row's next k + 1 tokens before any is accepted), or its chunk graph's C tokens less one
+(all written before its first query attends), whichever is more; 0 without either. With k slots to
+spare, every slot a step overwrites held a token that no query of the step, or later, has in its window.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class LayerLayout:
     """One decoder layer's cache: its kind, slot count and head shapes."""
 
     kind: str  # FULL or SLIDING
-    slots: int  # max_cache_len for FULL, min(window + draft tokens, max_cache_len) for SLIDING
+    slots: int  # max_cache_len for FULL, min(window + k, max_cache_len) for SLIDING (k: see above)
     window: int | None  # attention window in tokens (SLIDING only)
     num_kv_heads: int
     head_dim: int

@@ -40,11 +40,15 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # 11: aotpack's kernels (`native`) also in float bundles, for the decode graphs whose lowerings chose the
 # `dense` GEMM (runtime.quant.dense); a format-6 to -10 manifest still reads (it carries them only with
 # integer kernels, which still holds).
-FORMAT_VERSION = 11
-SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11})
+# 12: a prefill-chunk graph (`chunk_tokens`: C; 0 without), which writes C prompt tokens of one row into
+# the cache for chunked admission, and rings C - 1 slots beyond their window; each graph says whether it is
+# that graph (`chunk`). A format-6 to -11 manifest still reads, without one.
+FORMAT_VERSION = 12
+SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11, 12})
 DENSE = "dense"  # the float lowering that calls aotpack's kernels
 RECIPES = ("uniform", "sensitive", "mixed")
 MAX_DRAFT_TOKENS = 16  # drafts a verify graph may take per row
+MAX_CHUNK_TOKENS = 256  # prompt tokens the chunk graph may take
 SCALE_SEARCHES = ("minmax", "mse")
 _WHOLE_CACHE = "attends to the whole cache every step"
 _REEXPORT = {3: _WHOLE_CACHE, 4: _WHOLE_CACHE, 5: "runs batch-1 kernels at every batch"}
@@ -148,13 +152,16 @@ class DecodeGraph:
     """One compiled graph of decode.pt2 (model name runtime.format.contract.graph_name(batch, tokens)): the
     step for exactly `batch` rows of `tokens` each (1: decode; k + 1: verify drafted tokens), its kernels
     chosen for that shape, checked against eager generate with `batch` rows (a verify graph: its logits
-    against the eager model's over the same tokens)."""
+    against the eager model's over the same tokens). The chunk graph (`chunk`) writes `tokens` prompt
+    tokens of one row and gives no logits; its gate is the logits of the decode steps after a prompt it
+    put in (exporter.parity)."""
 
     batch: int
     lowerings: tuple[Lowering, ...]
     parity: Parity
     compile_seconds: float  # trace, kernel timing and AOTInductor compile of this graph on the build machine
     tokens: int = 1
+    chunk: bool = False
 
 
 @dataclass(frozen=True)
@@ -209,16 +216,17 @@ class Manifest:
     onnx: OnnxDecode | None = None  # the portable decode, when exported with --onnx (format 4)
     native: NativeKernels | None = None  # the integer kernels (format 7), for quantization.kernels "integer"
     draft_tokens: int = 0  # k of speculative decoding (format 10): its verify graphs take k + 1 tokens a row
+    chunk_tokens: int = 0  # C (format 12): the chunk graph prefills C prompt tokens of one row; 0 without
 
     @property
     def batches(self) -> tuple[int, ...]:
         """The batches decode.pt2 has a decode graph for, ascending."""
-        return tuple(g.batch for g in self.graphs if g.tokens == 1)
+        return tuple(g.batch for g in self.graphs if g.tokens == 1 and not g.chunk)
 
     @property
     def verify_batches(self) -> tuple[int, ...]:
         """The batches decode.pt2 has a verify graph for (k + 1 tokens a row), ascending; () without drafts."""
-        return tuple(g.batch for g in self.graphs if g.tokens > 1)
+        return tuple(g.batch for g in self.graphs if g.tokens > 1 and not g.chunk)
 
     def to_json(self) -> str:
         """JSON with a `digest` of the content: manifest.json holds every other file's hash, so its
@@ -293,6 +301,8 @@ def _upgraded(raw: dict) -> dict:
         raw = _from_8(raw)
     if version in (6, 7, 8, 9):
         raw = _from_9(raw)
+    if version in (6, 7, 8, 9, 10, 11):
+        raw = _from_11(raw)
     return raw
 
 
@@ -326,6 +336,14 @@ def _from_9(raw: dict) -> dict:
     if isinstance(graphs, list):
         graphs = [g | {"tokens": 1} if isinstance(g, dict) else g for g in graphs]
     return raw | {"graphs": graphs, "draft_tokens": 0}
+
+
+def _from_11(raw: dict) -> dict:
+    """Format 11 had no chunk graph."""
+    graphs = raw.get("graphs")
+    if isinstance(graphs, list):
+        graphs = [g | {"chunk": False} if isinstance(g, dict) else g for g in graphs]
+    return raw | {"graphs": graphs, "chunk_tokens": 0}
 
 
 def _lowerings_from_7(graph):
@@ -497,6 +515,7 @@ def _check_graphs(m: Manifest) -> None:
             f"batch_size {m.batch_size}; re-export the bundle"
         )
     _check_drafts(m)
+    _check_chunk(m)
     for lowering in (lw for g in m.graphs for lw in g.lowerings):
         if lowering.gb_per_s and lowering.chosen not in lowering.gb_per_s:
             raise ManifestError(
@@ -511,7 +530,7 @@ def _check_drafts(m: Manifest) -> None:
     k = m.draft_tokens
     if not isinstance(k, int) or isinstance(k, bool) or not (k == 0 or 1 <= k <= MAX_DRAFT_TOKENS):
         raise ManifestError(f"manifest draft_tokens {k!r} is not 0 or 1..{MAX_DRAFT_TOKENS}; re-export the bundle")
-    verify = [(g.batch, g.tokens) for g in m.graphs if g.tokens != 1]
+    verify = [(g.batch, g.tokens) for g in m.graphs if g.tokens != 1 and not g.chunk]
     if verify != [(b, k + 1) for b in (m.batches if k else ())]:
         raise ManifestError(
             f"manifest verify graphs {verify} do not match draft_tokens {k} (one per decode batch {list(m.batches)}, "
@@ -520,6 +539,32 @@ def _check_drafts(m: Manifest) -> None:
     short = [layer for layer in m.cache_layout if layer.window and layer.slots < min(layer.window + k, m.max_cache_len)]
     if short:
         raise ManifestError(f"manifest ring {short[0]} lacks the {k} slots beyond its window that drafts need")
+
+
+def _check_chunk(m: Manifest) -> None:
+    """The chunk graph goes with `chunk_tokens`: one graph of one row and C tokens, and rings with C - 1
+    slots beyond their window (the chunk's first query still needs the window before it while its last
+    token is written)."""
+    c = m.chunk_tokens
+    if (
+        not isinstance(c, int)
+        or isinstance(c, bool)
+        or not (c == 0 or 2 <= c <= min(MAX_CHUNK_TOKENS, m.max_cache_len))
+    ):
+        raise ManifestError(
+            f"manifest chunk_tokens {c!r} is not 0 or 2..{min(MAX_CHUNK_TOKENS, m.max_cache_len)}; re-export the bundle"
+        )
+    chunks = [(g.batch, g.tokens) for g in m.graphs if g.chunk]
+    if chunks != ([(1, c)] if c else []):
+        raise ManifestError(
+            f"manifest chunk graphs {chunks} do not match chunk_tokens {c} (one graph of 1 row and {c} tokens); "
+            "re-export the bundle"
+        )
+    short = [
+        layer for layer in m.cache_layout if layer.window and layer.slots < min(layer.window + c - 1, m.max_cache_len)
+    ]
+    if c and short:
+        raise ManifestError(f"manifest ring {short[0]} lacks the {c - 1} slots beyond its window that chunks need")
 
 
 def _check_quantization(q: Quantization) -> None:

@@ -146,7 +146,7 @@ def _lowering_lines(m: Manifest) -> list[str]:
     for graph in m.graphs:
         p = graph.parity
         lines.append(
-            f"  batch {graph.batch}: compiled in {graph.compile_seconds:.0f} s, parity max |Δlogit| "
+            f"  {_graph_label(graph)}: compiled in {graph.compile_seconds:.0f} s, parity max |Δlogit| "
             f"{p.max_abs_logit_diff:.2e} over {p.steps} steps, tokens match: {p.tokens_match}"
         )
         lines += [f"    GEMV {lw.op} {lw.rows}x{lw.cols}: {lw.chosen}{_timing(lw)}" for lw in graph.lowerings]
@@ -154,3 +154,9 @@ def _lowering_lines(m: Manifest) -> list[str]:
     if n is not None and m.quantization is None:  # float graphs calling aotpack's dense GEMM
         lines.append(f"  dense: aotpack's {n.isa} GEMM ({n.file}, {n.compiler})")
     return ["decode graphs one per batch, GEMV kernels chosen per weight shape at build time:", *lines]
+
+
+def _graph_label(graph) -> str:
+    if graph.chunk:
+        return f"chunk ({graph.tokens} prompt tokens of one row, for chunked admission)"
+    return f"batch {graph.batch}" + (f" verify ({graph.tokens} tokens a row)" if graph.tokens > 1 else "")

@@ -50,7 +50,10 @@ class DecodeStep(nn.Module):
     and gives the logits after each: speculative decoding accepts the drafts they agree with.
     With `returns_written` (the ONNX step) it also returns each layer's new keys and values, each
     (B, kv_heads, 1, head_dim), keys then values per layer: ONNX keeps no in-place update of an input,
-    so the runtime writes them into the cache itself (runtime.model.cache.write_token)."""
+    so the runtime writes them into the cache itself (runtime.model.cache.write_token).
+    Without `head` (the chunk graph: a prompt's tokens into the cache) the `lm_head` stays out: it returns
+    the last token's final hidden state (B, hidden) fp32, and what it is for is the keys and values it
+    writes."""
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class DecodeStep(nn.Module):
         is_text_head: bool,
         additive_mask_dtype: torch.dtype | None = None,
         returns_written: bool = False,
+        head: bool = True,
     ):
         super().__init__()
         self.lm = lm
@@ -66,6 +70,11 @@ class DecodeStep(nn.Module):
         self.is_text_head = is_text_head
         self.additive_mask_dtype = additive_mask_dtype  # eager attention (no SDPA) adds float masks
         self.returns_written = returns_written
+        self.head = head
+
+    def without_head(self) -> DecodeStep:
+        """The same step over the same modules (so its constants have the same names), without `lm_head`."""
+        return DecodeStep(self.lm, self.layout, self.is_text_head, self.additive_mask_dtype, head=False)
 
     def forward(self, input_ids, position_ids, cache_position, pad_mask, *kv):
         tokens = input_ids.shape[1]
@@ -73,6 +82,9 @@ class DecodeStep(nn.Module):
         masks = decode_masks(pad_mask, cache_position, self.layout, tokens)
         mask = mask_argument(masks, self.additive_mask_dtype)
         kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True)
+        if not self.head:
+            base = self.lm.language_model if self.is_text_head else getattr(self.lm, self.lm.base_model_prefix)
+            return base(**kwargs).last_hidden_state[:, -1].float()  # (B, hidden)
         if self.is_text_head:
             logits = self.lm(**kwargs)  # (B, T, vocab)
         else:

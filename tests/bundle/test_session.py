@@ -10,31 +10,18 @@ session must re-prefill, tested separately).
 
 from __future__ import annotations
 
-import re
 import threading
 
 import pytest
 import torch
+from helpers import WholeWords
 from PIL import Image
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessorList
 
 import runtime.engine.runner
 from runtime import CacheOverflowError, InvalidInputError, RuntimeBusyError
 
 GREEDY = {"max_new_tokens": 10, "do_sample": False}
-
-
-class _Words(LogitsProcessor):
-    """Only tokens that are one space and a lowercase word: a reply the template re-tokenizes as is."""
-
-    def __init__(self, tokenizer):
-        vocab = len(tokenizer)
-        words = [t for t in range(vocab) if re.fullmatch(r" [a-z]{2,}", tokenizer.decode([t]))]
-        self.banned = torch.ones(vocab, dtype=torch.bool)
-        self.banned[words] = False
-
-    def __call__(self, input_ids, scores):
-        return scores.masked_fill(self.banned[: scores.shape[-1]], -float("inf"))
 
 
 @pytest.fixture
@@ -64,7 +51,7 @@ def _fresh(rt, model, messages, **options) -> str:
 def _two_turns(rt, model, prefilled, first, second, system=None, between=None):
     prefilled.clear()  # the bundle's export may have run under the spy (its parity check prefills)
     with rt.session(system=system) as session:
-        session.send(first, logits_processor=LogitsProcessorList([_Words(rt.tokenizer)]), **GREEDY)
+        session.send(first, logits_processor=LogitsProcessorList([WholeWords(rt.tokenizer)]), **GREEDY)
         turn1 = session.last
         assert prefilled == [turn1.prompt_tokens - 1] or prefilled == [turn1.prompt_tokens]
         held = turn1.prompt_tokens + turn1.new_tokens - 1  # the last reply token was never fed
@@ -108,7 +95,7 @@ def test_vlm_image_in_turn_one_then_a_text_question(runtime, reference, prefille
     rt = runtime("tiny-gemma3-vlm")
     image = Image.new("RGB", (40, 30), (200, 120, 30))
     with rt.session() as session:
-        session.send("Describe the image.", images=[image], logits_processor=[_Words(rt.tokenizer)], **GREEDY)
+        session.send("Describe the image.", images=[image], logits_processor=[WholeWords(rt.tokenizer)], **GREEDY)
         turn1 = session.last
         held = turn1.prompt_tokens + turn1.new_tokens - 1
         prefilled.clear()

@@ -74,3 +74,14 @@ def test_a_budget_must_be_a_positive_number_of_steps(budget):
 def test_a_budget_without_chunks_is_refused_naming_the_fix():
     with pytest.raises(InvalidInputError, match="set prefill_chunk too"):
         LoadConfig(prefill_budget=1.5)
+
+
+def test_with_a_chunk_graph_budgeted_sizes_are_whole_multiples_of_its_tokens():
+    """A chunk graph takes C tokens a call, so a budget's size is cut to a multiple of C, at least one C
+    (and at most the largest chunk)."""
+    sizer = ChunkSizer(64, 1.0, quantum=16)
+    assert sizer.size(0.01) == 16  # nothing measured yet: one call
+    for tokens, seconds, expected in ((16, 0.004, 32), (16, 0.002, 64), (48, 0.03, 16), (16, 0.0101, 16)):
+        sizer.timed(tokens, seconds)
+        assert sizer.size(0.01) == expected
+    assert ChunkSizer(8, 1.0, (8, 0.001), quantum=16).size(0.01) == 8  # a largest chunk below C stays itself

@@ -308,6 +308,33 @@ def test_chunks_in_a_ring_wider_than_the_window_still_see_only_the_window(eager_
     assert_each_matches_lone_generate(rt.model, plan, _staggered(rt, plan, engine))
 
 
+def test_a_prompt_that_goes_in_past_every_decoding_row_joins_at_the_next_step(stand_in, monkeypatch):
+    """The step of the iteration whose piece finished a prompt that stands past every decoding row runs
+    without it (it would widen that step's attention on top of the piece); it decodes from the next step.
+    A prompt within the others' reach joins at once; every request still equals a lone generate."""
+    import runtime.engine.runner
+
+    bundle = stand_in("tiny-gemma3")
+    engine = _engine(bundle, prefill_chunk=6)
+    events, runner = [], runtime.engine.runner.Runner
+    real_prefill, real_step = runner.prefill, runner.step
+    monkeypatch.setattr(runner, "prefill", lambda self, p: events.append(("in", p)) or real_prefill(self, p))
+    monkeypatch.setattr(
+        runner,
+        "step",
+        lambda self, d, w: events.append(("step", {s.request.prompt_len for s in d})) or real_step(self, d, w),
+    )
+    plan = [(p, GREEDY, None) for p in _prompts(bundle, [20, 30, 4])]
+    assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan, engine))
+    steps_after = {}  # prompt length -> the next two steps' request sets after its last piece
+    for i, (kind, what) in enumerate(events):
+        if kind == "in" and what.end == what.state.final and what.state.request.prompt_len in (30, 4):
+            following = [w for k, w in events[i + 1 :] if k == "step"][:2]
+            steps_after[what.state.request.prompt_len] = following
+    assert 30 not in steps_after[30][0] and 30 in steps_after[30][1]  # past the others (20): one step later
+    assert 4 in steps_after[4][0]  # within their reach: at once
+
+
 @pytest.mark.parametrize("budget", [1e-6, 1e6])
 def test_chunks_sized_to_a_time_budget_keep_the_tokens_and_follow_the_measured_cost(stand_in, monkeypatch, budget):
     """With a budget, each chunk's size comes from the last piece's measured time (runtime.engine.chunking):

@@ -104,8 +104,9 @@ accuracies = st.none() | st.builds(
 @st.composite
 def manifests(draw):
     drafts = draw(st.sampled_from([0, 0, 3]))  # speculative decoding: rings 3 slots wider, verify graphs of 4 tokens
+    chunk = draw(st.sampled_from([0, 0, 6]))  # a chunk graph of 6 tokens: rings 5 slots wider
     layout = tuple(
-        replace(layer, slots=min(layer.window + drafts, 64)) if layer.window else layer
+        replace(layer, slots=min(layer.window + max(drafts, chunk - 1), 64)) if layer.window else layer
         for layer in draw(st.lists(layers, min_size=1, max_size=6))
     )
     dtype = draw(st.sampled_from(["float32", "bfloat16", "float16"]))
@@ -117,7 +118,7 @@ def manifests(draw):
         DecodeGraph(b, tuple(draw(st.lists(lowerings, max_size=3))), draw(parities), draw(st.floats(0, 1e4)), t)
         for t in ((1, drafts + 1) if drafts else (1,))
         for b in batches
-    )
+    ) + ((DecodeGraph(1, (), draw(parities), 1.0, chunk, True),) if chunk else ())
     native = None
     dense = any(lw.chosen == "dense" for g in graphs for lw in g.lowerings)
     if dense or (quantization is not None and quantization.kernels == "integer"):
@@ -145,6 +146,7 @@ def manifests(draw):
         quantization=quantization,
         graphs=graphs,
         draft_tokens=drafts,
+        chunk_tokens=chunk,
         decode_attention=draw(attentions),
         accuracy=draw(accuracies),
         files={"decode.pt2": "ab" * 32}
@@ -350,9 +352,19 @@ def _as_format_8(raw: dict) -> dict:
     return raw and raw | {"format_version": 8}
 
 
+def _as_format_11(raw: dict) -> dict | None:
+    """A manifest as format 11 wrote it: no chunk graph (None for one with a chunk graph)."""
+    if raw.pop("chunk_tokens"):
+        return None
+    for graph in raw["graphs"]:
+        del graph["chunk"]
+    return raw | {"format_version": 11}
+
+
 def _as_format_9(raw: dict) -> dict | None:
     """A manifest as format 9 wrote it: no drafts, no graph's `tokens` (None for one with verify graphs)."""
-    if raw.pop("draft_tokens"):
+    raw = _as_format_11(raw)
+    if raw is None or raw.pop("draft_tokens"):
         return None
     for graph in raw["graphs"]:
         del graph["tokens"]
@@ -387,6 +399,43 @@ def test_verify_graphs_go_with_drafts_and_rings_wide_enough_for_them(manifest):
         rings[0]["slots"] = rings[0]["window"]
         raw["cache_bytes"] = [LayerLayout(**la).nbytes(raw["batch_size"], raw["dtype"]) for la in raw["cache_layout"]]
         with pytest.raises(ManifestError, match="lacks the 3 slots beyond its window"):
+            Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_format_11_reads_without_a_chunk_graph(manifest):
+    raw = _as_format_11(json.loads(manifest.to_json()))
+    if raw is None:
+        return
+    read = Manifest.from_json(_with_digest(raw))
+    assert read.format_version == 11 and read.chunk_tokens == 0 and not any(g.chunk for g in read.graphs)
+    assert (read.batches, read.verify_batches) == (manifest.batches, manifest.verify_batches)
+
+
+@given(manifests())
+@settings(max_examples=40)
+def test_the_chunk_graph_goes_with_chunk_tokens_and_rings_wide_enough_for_it(manifest):
+    """One chunk graph of one row and C tokens, exactly when chunk_tokens is C, and rings C - 1 slots
+    beyond their window: narrower, the chunk's last token would overwrite a key its first still reads."""
+    raw = json.loads(manifest.to_json())
+    if not raw["chunk_tokens"]:
+        with pytest.raises(ManifestError, match="do not match chunk_tokens"):
+            graph = dict(raw["graphs"][0]) | {"batch": 1, "tokens": 6, "chunk": True}
+            Manifest.from_json(_with_digest(raw | {"graphs": raw["graphs"] + [graph]}))
+        return
+    read = Manifest.from_json(manifest.to_json())
+    assert read.chunk_tokens == 6 and 6 not in read.batches + read.verify_batches
+    for bad in (0, 1, 7, 65, True):
+        with pytest.raises(ManifestError, match="chunk"):
+            Manifest.from_json(_with_digest(raw | {"chunk_tokens": bad}))
+    with pytest.raises(ManifestError, match="do not match chunk_tokens"):
+        Manifest.from_json(_with_digest(raw | {"graphs": [g for g in raw["graphs"] if not g["chunk"]]}))
+    rings = [layer for layer in raw["cache_layout"] if layer["window"] and layer["window"] + 5 <= 64]
+    if rings and not raw["draft_tokens"]:
+        rings[0]["slots"] = rings[0]["window"] + 4
+        raw["cache_bytes"] = [LayerLayout(**la).nbytes(raw["batch_size"], raw["dtype"]) for la in raw["cache_layout"]]
+        with pytest.raises(ManifestError, match="lacks the 5 slots beyond its window"):
             Manifest.from_json(_with_digest(raw))
 
 
