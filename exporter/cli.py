@@ -55,9 +55,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         type=int,
         default=0,
         metavar="C",
-        help="also compile a graph that prefills C prompt tokens of one row, which a server's chunked "
-        "admission (--prefill-chunk) runs instead of the eager model: an eager chunk pays ~10 ms of Python "
-        "dispatch, so a long prompt stalls the running streams less; one more compile; 0 (default): none",
+        help="also compile a graph that prefills C prompt tokens of one row, through which one-row text "
+        "prompts then go in, C tokens a call, instead of through the eager model (whole or in a server's "
+        "chunks): an eager chunk pays ~10 ms of Python dispatch however few its tokens, so a long prompt "
+        "stalls the running streams less; one more compile; 0 (default): none",
     )
     e.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     e.add_argument("--device", default="cpu", help="cpu or cuda")

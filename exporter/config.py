@@ -54,8 +54,8 @@ class ExportConfig:
     # k: compile a verify graph beside each decode graph taking a row's next token and k drafted ones
     # (speculative decoding by prompt lookup, runtime.engine.speculation); 0: none
     speculate: int = 0
-    # C: compile a graph that writes C prompt tokens of one row into the cache, which chunked admission
-    # runs instead of the eager model (runtime.engine.runner); 0: none
+    # C: compile a graph that writes C prompt tokens of one row into the cache, through which one-row
+    # text prompts go in instead of the eager model (runtime.engine.runner); 0: none
     chunk_graph: int = 0
 
     def __post_init__(self):

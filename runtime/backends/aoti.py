@@ -65,9 +65,10 @@ class CompiledDecode:
         self.contract.check_package(loader.get_metadata(), name, *shape)  # before any native call
         expected = set(loader.get_constant_fqns())
         if not expected <= set(constants) or (expected != set(constants) and not chunk):
+            differ = sorted(expected ^ set(constants))[:5]
             raise BundleError(
-                f"compiled decode ({what}) expects constants {sorted(expected ^ set(constants))[:5]} the "
-                "manifest does not provide; the bundle is inconsistent, re-export it"
+                f"compiled decode ({what}) and the manifest's constants differ ({differ}); the bundle is "
+                "inconsistent, re-export it"
             )
         compat.lend_constants(loader, {k: v for k, v in constants.items() if k in expected})  # one copy for all
         return loader

@@ -253,14 +253,20 @@ class Engine:
         step instead (resting meanwhile, runtime.engine.runner), one step later; alone, or within the
         others' reach, it steps at once."""
         joined = {id(p.state) for p in pieces if p.state.status is Status.DECODING}
-        others = [s for s in decoding if id(s) not in joined]
-        if not joined or not others:
+        stepping = [s for s in decoding if id(s) not in joined]
+        if not joined or not stepping:
             return decoding
         index = self.runner.positions.index
-        reach = max(int(index[s.rows].max()) for s in others) + 1  # where the furthest other stands once advanced
-        # A row that waits must stand past `reach` (it then rests, runtime.engine.runner._resting): stepped
-        # where it stands without advancing, the step would overwrite its last prompt token's slot.
-        return [s for s in decoding if id(s) not in joined or int(index[s.rows].max()) <= reach]
+        stands = {id(s): int(index[s.rows].max()) for s in decoding}
+        reach = max(stands[id(s)] for s in stepping) + 1  # where the furthest stepped row stands once advanced
+        # A row that waits must stand past every stepped row once they advance (it then rests,
+        # runtime.engine.runner._resting): stepped where it stands without advancing, the step would
+        # overwrite its last prompt token's slot. Joining rows move `reach` too: nearest first.
+        for state in sorted((s for s in decoding if id(s) in joined), key=lambda s: stands[id(s)]):
+            if stands[id(state)] <= reach:
+                stepping.append(state)
+                reach = max(reach, stands[id(state)] + 1)
+        return [s for s in decoding if any(s is t for t in stepping)]
 
     def _begin(self, state: RequestState) -> None:
         """Rows a request takes start clean, unless they hold its session's conversation or a prefix of

@@ -95,7 +95,7 @@ class Runner:
         ids, mask = r.input_ids[::c], r.attention_mask[::c]  # (b / c, S)
         assert start == 0 or end < r.prompt_len, "a continuing prefill is text only: it cannot give logits"
         logits = None
-        if self.chunk_tokens and ids.shape[0] == 1 and (start > 0 or (end < r.prompt_len and not r.model_inputs)):
+        if self._chunkable(r, ids, mask, start, end):
             self._chunks(kv, ids, mask, start, end)
         elif start > 0:
             prefill_more(self.model, kv, self.layout, ids[:, start:end], mask[:, :end], start)
@@ -113,6 +113,15 @@ class Runner:
         else:
             self.positions.park(state.rows, end)  # the next chunk overwrites what the steps write there
         return logits
+
+    def _chunkable(self, r, ids: torch.Tensor, mask: torch.Tensor, start: int, end: int) -> bool:
+        """Whether text tokens [start, end) of `r` go in through the chunk graph: one prompt row without
+        padding (a padding query, which sees no key in the decode step's masks, would come out NaN and
+        poison the slots it writes), text only (a piece from the start, of a prompt without images or
+        per-token inputs, that does not end the prompt)."""
+        if not self.chunk_tokens or ids.shape[0] != 1 or not bool(mask[:, :end].all()):
+            return False
+        return start > 0 or (end < r.prompt_len and not r.model_inputs)
 
     def _chunks(self, kv: list[torch.Tensor], ids: torch.Tensor, mask: torch.Tensor, start: int, end: int) -> None:
         """One prompt's text tokens [start, end) (ids, mask (1, S)) into its row's cache `kv`, C at a time

@@ -41,8 +41,8 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # `dense` GEMM (runtime.quant.dense); a format-6 to -10 manifest still reads (it carries them only with
 # integer kernels, which still holds).
 # 12: a prefill-chunk graph (`chunk_tokens`: C; 0 without), which writes C prompt tokens of one row into
-# the cache for chunked admission, and rings C - 1 slots beyond their window; each graph says whether it is
-# that graph (`chunk`). A format-6 to -11 manifest still reads, without one.
+# the cache (one-row text prompts go in through it), and rings C - 1 slots beyond their window; each
+# graph says whether it is that graph (`chunk`). A format-6 to -11 manifest still reads, without one.
 FORMAT_VERSION = 12
 SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11, 12})
 DENSE = "dense"  # the float lowering that calls aotpack's kernels

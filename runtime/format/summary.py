@@ -158,5 +158,5 @@ def _lowering_lines(m: Manifest) -> list[str]:
 
 def _graph_label(graph) -> str:
     if graph.chunk:
-        return f"chunk ({graph.tokens} prompt tokens of one row, for chunked admission)"
+        return f"chunk ({graph.tokens} prompt tokens of one row, for text prompts)"
     return f"batch {graph.batch}" + (f" verify ({graph.tokens} tokens a row)" if graph.tokens > 1 else "")

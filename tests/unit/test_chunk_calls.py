@@ -96,7 +96,8 @@ def test_a_piece_the_cache_end_leaves_no_room_for_a_whole_call_goes_in_eagerly(s
 
 
 def test_left_padded_batches_and_copies_keep_their_own_paths(stand_in, calls):
-    """A request of two left-padded prompts goes in eagerly (the chunk graph takes one row); one prompt
+    """A request of two left-padded prompts goes in eagerly (the chunk graph takes one row), and so does
+    one row whose mask starts with zeros (its padding queries would see no key in the step); one prompt
     with num_return_sequences 2 goes in once, through the graph, and is copied (sampled, the same seed
     as HF's)."""
     rt = stand_in()
@@ -107,6 +108,9 @@ def test_left_padded_batches_and_copies_keep_their_own_paths(stand_in, calls):
     inputs = {"input_ids": ids, "attention_mask": mask}
     results = [collected(rt.engine.submit(rt.request(ids, mask, **GREEDY), want_logits=True))]
     assert_each_matches_lone_generate(rt.model, [(inputs, GREEDY, None)], results)
+    padded = {"input_ids": ids[1:], "attention_mask": mask[1:]}  # one row, its mask starting with zeros
+    results = [collected(rt.engine.submit(rt.request(ids[1:], mask[1:], **GREEDY), want_logits=True))]
+    assert_each_matches_lone_generate(rt.model, [(padded, GREEDY, None)], results)
     assert seen == []
     one = _prompt(9, 9)
     copies = {"max_new_tokens": 8, "min_new_tokens": 8, "do_sample": True, "num_return_sequences": 2}

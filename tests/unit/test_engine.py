@@ -335,6 +335,31 @@ def test_a_prompt_that_goes_in_past_every_decoding_row_joins_at_the_next_step(st
     assert 4 in steps_after[4][0]  # within their reach: at once
 
 
+def test_rows_that_wait_a_step_stand_past_every_row_stepped_nearest_joining_first(stand_in):
+    """Several prompts that went in together beside a decoding row: those within reach step, and each one
+    that does moves the reach (it advances too); a row waits only if it then still stands past them all,
+    so that the step rests it (stepped in place without advancing, it would overwrite its last prompt
+    token's slot). The review's case: others at 9, joiners at 10 and 11 both step; 13 waits."""
+    from types import SimpleNamespace
+
+    from runtime.engine.status import Status
+
+    engine = _engine(stand_in("tiny-gemma3"))
+    index = engine.runner.positions.index
+    states = [SimpleNamespace(rows=slice(r, r + 1), status=Status.DECODING) for r in range(4)]
+    for state, at in zip(states, (9, 11, 10, 13), strict=True):
+        index[state.rows] = at
+    pieces = [SimpleNamespace(state=s) for s in states[1:]]
+    stepped = engine._joining(states, pieces)
+    assert [s.rows.start for s in stepped] == [0, 1, 2]
+    active = torch.tensor([True, True, True, False])
+    index += active  # the step's advance
+    assert engine.runner.positions.far(active).tolist() == [3]  # the waiting row rests
+    index[3] = 12
+    assert len(engine._joining(states, pieces)) == 4  # 12 is within reach of 11's advance: all step
+    engine.close()
+
+
 @pytest.mark.parametrize("budget", [1e-6, 1e6])
 def test_chunks_sized_to_a_time_budget_keep_the_tokens_and_follow_the_measured_cost(stand_in, monkeypatch, budget):
     """With a budget, each chunk's size comes from the last piece's measured time (runtime.engine.chunking):
