@@ -1,7 +1,8 @@
 """Random mixes of requests through the engine, in seconds (the eager decode step, no compile): every
 request's tokens and logits must equal a lone HF `generate` of it, whatever else ran.
 
-Each seed draws the engine's configuration (whole or chunked prompts, which batch graphs exist) and a
+Each seed draws the engine's configuration (whole or chunked prompts, which batch graphs exist, whether
+prompts go in through a chunk graph of 3 or 4 tokens, its last call padded) and a
 sequence of waves: requests admitted together, whose prompts share prefixes with each other and with
 finished requests (the prefix cache copies, trades and takes over their rows), arriving while earlier
 waves decode. A bug in how rows are moved, copied, parked or stepped shows as a request whose tokens
@@ -59,7 +60,8 @@ def _run(rt, waves, rng: random.Random):
 def test_random_waves_over_kept_prefixes_each_match_a_lone_generate(eager_runtime, name, seed):
     rng = random.Random(seed)
     chunk = rng.choice([None, 2, 3, 5])
-    rt = eager_runtime(name, ROWS, CACHE, prefill_chunk=chunk)
+    graph = random.Random(1000 + seed).choice([0, 3, 4])  # a chunk graph of C tokens (its own draw)
+    rt = eager_runtime(name, ROWS, CACHE, chunk=graph, prefill_chunk=chunk)
     rt.decode.batches = rng.choice(BATCHES)
     waves = _draw(rng, min(rt.validator.vocab_size, 300))
     results = _run(rt, waves, rng)
