@@ -155,3 +155,17 @@ def test_a_vlm_session_continues_through_its_text_decoders_chunk_step(eager_runt
     ids = rt.model.generate(**inputs, **options)
     assert reply == rt.tokenizer.decode(ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert session.last.reused == held and seen == list(range(held, session.last.prompt_tokens - 1, C))
+
+
+def test_drafting_rows_and_chunked_prompts_share_the_rings_and_each_matches_hf(eager_runtime, calls):
+    """Speculation (k = 2) and a chunk graph (C = 4) in one bundle: rings are window + max(k, C - 1) wide.
+    A drafting request decodes (its prompt repeats, so prompt lookup drafts) while a long prompt goes in
+    in chunks of 6 through the graph, past the window; both equal a lone generate."""
+    rt = eager_runtime(NAME, ROWS, CACHE, drafts=2, chunk=C, prefill_chunk=6)
+    seen = calls(rt)
+    assert all(layer.slots == layer.window + C - 1 for layer in rt.contract.layout if layer.window)
+    repeating = {"input_ids": torch.tensor([[5, 6, 7, 8, 9] * 3])}
+    long = GREEDY | {"max_new_tokens": 30, "min_new_tokens": 30}
+    plan = [(repeating, long, None), (_prompt(40, 11), GREEDY, None)]
+    assert_each_matches_lone_generate(rt.model, plan, staggered(submitter(rt), plan))
+    assert rt.engine.drafted > 0 and len(seen) > 7
