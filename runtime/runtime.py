@@ -8,7 +8,6 @@ debugging session) can assemble one around any eager model and the eager backend
 
 from __future__ import annotations
 
-import shutil
 import weakref
 from collections.abc import Iterator
 from dataclasses import replace
@@ -27,6 +26,7 @@ from runtime.engine.request import Request
 from runtime.engine.sampling import checked_sampler
 from runtime.errors import InvalidInputError
 from runtime.format.contract import DecodeContract
+from runtime.format.private import FOLDERS
 from runtime.format.reader import open_private
 from runtime.generation.outputs import collect
 from runtime.generation.validate import Validator
@@ -52,9 +52,9 @@ def load(path, config: LoadConfig | None = None, **options) -> Runtime:
         decode = backend.open(private, model, manifest, config)
         rt = Runtime(private, model, decode, DecodeContract.of(manifest), config, manifest, source=Path(path))
     except BaseException:
-        shutil.rmtree(private, ignore_errors=True)
+        FOLDERS.remove(private)
         raise
-    weakref.finalize(rt, shutil.rmtree, private, True)  # at the Runtime's end, or at exit
+    weakref.finalize(rt, FOLDERS.remove, private)  # at the Runtime's end, or at exit
     # Loading ran parallel ops on this thread, which now owns an idle OpenMP team; a server's main thread
     # never submits (which would free it), and a second team makes every decode barrier sleep
     # (runtime.engine.openmp).

@@ -11,12 +11,12 @@ compatibility check may import torch.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 from runtime.errors import BundleError, IntegrityError
 from runtime.format.files import MANIFEST, SIGNATURE, copy_hashed, sha256
 from runtime.format.manifest import Manifest
+from runtime.format.private import FOLDERS
 
 
 def read_manifest(bundle: Path) -> Manifest:
@@ -110,14 +110,15 @@ def open_private(path, backend=None, trusted_keys=None) -> tuple[Path, Manifest]
     exactly what was verified, and nothing done to the bundle folder afterwards reaches this process:
     a file swapped between a check and its use, bytes zeroed under memory-mapped weights, a truncation
     (which made reading mapped weights raise SIGBUS). The checks that need no copy run first. The
-    caller removes the copy when done with it (`load()` ties it to the Runtime's lifetime)."""
+    caller removes the copy when done with it (runtime.format.private.FOLDERS.remove; `load()` ties it
+    to the Runtime's lifetime), and a copy whose process was killed is removed by the next `load()`."""
     bundle = Path(path)
     data = _manifest_bytes(bundle)
     manifest = Manifest.from_json(data)
     if backend is not None:
         backend.check_bundle(manifest, bundle)
     check_listing(bundle, manifest)
-    private = Path(tempfile.mkdtemp(prefix="aotpack-bundle-"))
+    private = FOLDERS.create()
     try:
         (private / MANIFEST).write_bytes(data)
         _copy_listed(bundle, manifest, private)
@@ -126,7 +127,7 @@ def open_private(path, backend=None, trusted_keys=None) -> tuple[Path, Manifest]
         if backend is not None:
             backend.check_compatible(manifest)
     except BaseException:
-        shutil.rmtree(private, ignore_errors=True)
+        FOLDERS.remove(private)
         raise
     return private, manifest
 

@@ -19,6 +19,7 @@ import sys
 import textwrap
 import zipfile
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -202,7 +203,35 @@ def test_the_private_copy_goes_with_the_runtime(bundle):
     private = rt.path
     assert private != bundle(BASE) and (private / WEIGHTS).is_file() and oct(private.stat().st_mode)[-3:] == "700"
     assert rt.source == bundle(BASE)
+    lock = Path(f"{private}.lock")  # held while the copy lives (runtime.format.private)
+    assert lock.is_file() and private in reader.FOLDERS.held
     rt.engine.close()
     del rt
     gc.collect()
-    assert not private.exists()
+    assert not private.exists() and not lock.exists()
+
+
+def test_a_killed_processs_copy_is_removed_by_the_next_load(bundle, tmp_path):
+    """A process killed with SIGKILL runs no cleanup: its private copy stayed for good (a day of tests
+    filled the disk with them). The next load() removes it; a live process's copy stays."""
+    import os
+    import signal
+
+    script = (
+        "import os, signal, sys; from runtime import load; "
+        f"rt = load({str(bundle(BASE))!r}); print(rt.path, flush=True); "
+        "sys.stdin.readline() if sys.argv[1] == 'stay' else os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    env = os.environ | {"TMPDIR": str(tmp_path)}
+    run = lambda how: subprocess.Popen(  # noqa: E731
+        [sys.executable, "-c", script, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    live, dead = run("stay"), run("die")
+    kept, gone = Path(live.stdout.readline().strip()), Path(dead.stdout.readline().strip())
+    assert dead.wait(timeout=120) == -signal.SIGKILL and gone.parent == tmp_path and (gone / WEIGHTS).is_file()
+    script_load = f"from runtime import load; load({str(bundle(BASE))!r})"
+    subprocess.run([sys.executable, "-c", script_load], check=True, env=env, timeout=300)
+    assert not gone.exists() and (kept / WEIGHTS).is_file()
+    live.communicate("\n", timeout=120)
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith("aotpack-")]
+    assert left == []  # the live one removed its own at exit, and so did the last load
