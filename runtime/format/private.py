@@ -43,10 +43,14 @@ class PrivateFolders:
             fd, lock = tempfile.mkstemp(prefix=PREFIX, suffix=LOCK, dir=root)
             if fcntl is not None:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # held until remove() closes it, or the process ends
+            if not _names(fd, lock):  # a sweep took the lock before us and unlinked it: another name
+                os.close(fd)
+                continue
             folder = Path(lock[: -len(LOCK)])
             try:
                 os.mkdir(folder, 0o700)  # named after its lock, whose name mkstemp made unique
-            except FileExistsError:  # a folder left without its lock (see sweep): another name
+            except FileExistsError:  # a folder without its lock (not ours): another name, and no lock
+                _unlink(lock)  # left unlocked beside it, which a sweep would take for a dead process's
                 os.close(fd)
                 continue
             with self._lock:
@@ -66,7 +70,9 @@ class PrivateFolders:
 def sweep(root: Path) -> list[Path]:
     """Remove the folders in `root` whose lock no process holds; returns them. A lock still held (by a
     live process, here or in another container on the same kernel) is left alone, and so is a folder
-    without a lock file (not one of these, or its process was between creating the two)."""
+    without a lock file (not one of these). A lock taken here before its creator locked it is unlinked
+    with its folder (none yet): the creator finds its lock's name gone once it holds it, and starts
+    over with another."""
     if fcntl is None:
         return []
     removed = []
@@ -86,6 +92,15 @@ def sweep(root: Path) -> list[Path]:
         os.close(fd)
         removed.append(folder)
     return removed
+
+
+def _names(fd: int, path: str) -> bool:
+    """Whether `path` still names the file open as `fd` (a sweep may have unlinked it meanwhile)."""
+    try:
+        mine, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _unlink(path) -> None:
