@@ -252,21 +252,22 @@ class Engine:
         prompt: its last 10 ms chunk, then a 15 ms step where the others took 10). It joins at the next
         step instead (resting meanwhile, runtime.engine.runner), one step later; alone, or within the
         others' reach, it steps at once."""
-        joined = {id(p.state) for p in pieces if p.state.status is Status.DECODING}
-        stepping = [s for s in decoding if id(s) not in joined]
-        if not joined or not stepping:
+        waiting = {id(p.state) for p in pieces if p.state.status is Status.DECODING}  # joined now; may wait
+        others = [s for s in decoding if id(s) not in waiting]
+        if not waiting or not others:
             return decoding
         index = self.runner.positions.index
         stands = {id(s): int(index[s.rows].max()) for s in decoding}
-        reach = max(stands[id(s)] for s in stepping) + 1  # where the furthest stepped row stands once advanced
+        reach = max(stands[id(s)] for s in others) + 1  # where the furthest stepped row stands once advanced
         # A row that waits must stand past every stepped row once they advance (it then rests,
         # runtime.engine.runner._resting): stepped where it stands without advancing, the step would
         # overwrite its last prompt token's slot. Joining rows move `reach` too: nearest first.
-        for state in sorted((s for s in decoding if id(s) in joined), key=lambda s: stands[id(s)]):
-            if stands[id(state)] <= reach:
-                stepping.append(state)
-                reach = max(reach, stands[id(state)] + 1)
-        return [s for s in decoding if any(s is t for t in stepping)]
+        for state in sorted((s for s in decoding if id(s) in waiting), key=lambda s: stands[id(s)]):
+            if stands[id(state)] > reach:
+                break  # this one and every further one wait
+            waiting.discard(id(state))
+            reach = max(reach, stands[id(state)] + 1)
+        return [s for s in decoding if id(s) not in waiting]
 
     def _begin(self, state: RequestState) -> None:
         """Rows a request takes start clean, unless they hold its session's conversation or a prefix of

@@ -3,10 +3,11 @@
 
 A row holds the keys and values of the tokens `held` that were fed into it. A prompt starting with the
 same tokens reuses them and prefills only the rest, with two limits:
-- Sliding-window rings: a layer with `slots` slots (the window, plus k with speculation) keeps only the
-  last `slots` tokens, and a row parked between requests inside the others' reach has each of their
-  steps write its next slot, a verify step its next k + 1 (runtime.engine.runner.keep; a row parked
-  past them rests at slot 0, which is put back). Once a row has held `window` tokens or more, those
+- Sliding-window rings: a layer with `slots` slots (the window, plus spare slots for drafts or a chunk
+  graph's calls) keeps only the last `slots` tokens, and a row parked between requests inside the
+  others' reach has each of their steps write its next slot, a verify step its next k + 1
+  (runtime.engine.runner.keep; a row parked past them rests at slot 0, which is put back). Once a row
+  has held `window` tokens or more, those
   writes can wrap onto its oldest slots and going back to an earlier position would read them, so such
   a row is reused only by a prompt that extends all it holds. For Gemma 3 (a window of 512) that is a
   conversation's next turn; a shared system prompt is reused across different requests only while the

@@ -130,18 +130,17 @@ class Runner:
         is padded past `end`: what it writes there is overwritten before anything reads it, as a parked
         row's step is (its rotary positions, pad mask and ring slots are those real tokens would have:
         runtime.format.layout gives rings C - 1 slots to spare for that). Pieces the cache's end leaves no
-        room for a whole chunk go in eagerly."""
+        room for a whole chunk go in eagerly. The row has no padding (`_chunkable`): token t sits at
+        rotary position t and every index before a call's last is real."""
         c, length = self.chunk_tokens, self.positions.pad_mask.shape[1]
-        positions = prompt_positions(mask[:, :end])  # (1, end)
         for s in range(start, end, c):
             if s + c > length:
                 prefill_more(self.model, kv, self.layout, ids[:, s:end], mask[:, :end], s)
                 return
-            n, pad = min(c, end - s), max(0, s + c - end)
-            chunk = torch.cat([ids[:, s : s + n], ids.new_zeros(1, pad)], 1)  # (1, C)
-            position = positions[:, s : s + n]
-            position = torch.cat([position, position[:, -1:] + torch.arange(1, pad + 1, device=ids.device)], 1)
-            pad_mask = torch.cat([mask[:, : s + n].bool(), mask.new_ones(1, pad, dtype=torch.bool)], 1)  # (1, s + C)
+            n = min(c, end - s)
+            chunk = torch.cat([ids[:, s : s + n], ids.new_zeros(1, c - n)], 1)  # (1, C)
+            position = torch.arange(s, s + c, device=ids.device)[None]  # (1, C)
+            pad_mask = torch.ones(1, s + c, dtype=torch.bool, device=ids.device)  # (1, s + C)
             self.decode.chunk(chunk, position, ids.new_full((1,), s), pad_mask, kv)
 
     def _copy_prompts(self, rows: slice, copies: int) -> None:
