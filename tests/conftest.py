@@ -23,9 +23,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from filelock import FileLock  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 from exporter.cli import main as aotpack  # noqa: E402
 from exporter.presets import build_preset  # noqa: E402
+
+# The default run is a gate (CI's), so its generated cases are the same every run: a property that fails
+# fails for everyone, not on one draw in fifty. `HYPOTHESIS_PROFILE=explore` draws new cases each run,
+# for a developer hunting bugs.
+settings.register_profile("gate", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
 
 MAX_CACHE_LEN = 160
 BATCH = 4
@@ -45,16 +53,13 @@ LONGEST_FIRST = (
 )  # fmt: skip
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (pyproject: --dist loadgroup)
 def pytest_collection_modifyitems(config, items):
-    """A file's tests run on one worker (they share its bundles, which the other worker would wait
-    for, and one Ray cluster runs at a time), unless a test names a group of its own: a file whose
-    bundles are independent splits them (tests/bundle/test_quant.py)."""
+    """The longest files first. pyproject's `--dist loadfile` keeps each file's tests on one worker: they
+    share its bundles, which the other worker would wait for, and one Ray cluster runs at a time. (Not
+    `loadgroup`: it marks groups by rewriting an item's private `_nodeid`, which pytest 9.2 no longer
+    reads, so each file's tests were spread over both workers, one waiting on the other's compile.)"""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get("/".join(item.path.parts[-2:]), len(rank)))  # stable: files keep their order
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA device on this machine")

@@ -43,8 +43,7 @@ HEAVY = {"tiny-gemma3-vlm"}
 
 
 def _marks(name: str) -> list[pytest.MarkDecorator]:
-    """The tests of one quantized bundle run on one xdist worker, each bundle's beside the others'."""
-    return [pytest.mark.xdist_group(f"quantized-{name}")] + ([pytest.mark.heavy] if name in HEAVY else [])
+    return [pytest.mark.heavy] if name in HEAVY else []
 
 
 def _on(name: str):
@@ -148,7 +147,6 @@ def test_quantized_manifest_records_accuracy(runtime):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("tuned-tiny-gemma3")
 def test_tuned_bundle_records_every_candidate_and_keeps_the_fastest(runtime, reference):
     """`--gemv tune` times ATen's mm, the Inductor reduction and aotpack's dense GEMM for every weight
     shape; the manifest keeps every rate and spread and the faster choice (the known-good one where the
@@ -210,7 +208,6 @@ def test_changed_kernels_are_refused(bundle, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("quant-family")
 def test_auto_times_both_kernel_families_and_keeps_the_faster(tmp_path):
     """`--quant-kernels auto`: each family is timed on the largest weight, as its graph would run it, at
     batch 1 and at the bundle's largest batch; the rates go in the manifest, the faster total wins."""

@@ -17,7 +17,6 @@ ROOT = Path(__file__).parents[2]
 
 
 @pytest.mark.heavy
-@pytest.mark.xdist_group("bench-batch-1")  # minutes of exports and fresh processes: a worker of its own
 def test_bench_completes_and_writes_its_files(tmp_path, capsys):
     """A benchmark is not a timed test: this checks that every figure is produced, not how fast."""
     out = tmp_path / "bench"
@@ -83,22 +82,6 @@ def _synthetic_run(system: str, decode_ms: float, tokens: list[int], round_: int
         "tokens": tokens,
         "tokens_stable": True,
     }
-
-
-@pytest.mark.heavy
-@pytest.mark.xdist_group("bench-contexts")
-def test_bench_context_sweep_completes_and_writes_its_files(tmp_path):
-    """`--contexts` over two cache sizes: each context that fits, decode, and the engine against the step."""
-    out = tmp_path / "contexts"
-    args = ["bench", "--model", "tiny-llama", "--dtype", "float32", "--contexts", "8,40", "--max-cache-len", "64"]
-    args += ["--vs-cache", "32", "--new-tokens", "8", "--threads", "2", "--gemv", "aten", "--out", str(out)]
-    assert aotpack(args) == 0
-    results = json.loads((out / "contexts.json").read_text())
-    got = {(r["cache"], r["context"]) for r in results["figures"]}
-    assert got == {(64, 8), (64, 40), (32, 8)}  # 40 tokens and 8 new ones do not fit 32 slots
-    for row in results["figures"]:
-        assert row["decode_ms"] > 0 and row["prefill_ms"] > 0 and row["engine_over_step"] > 0
-    assert "64-slot cache decodes at" in (out / "contexts.md").read_text()
 
 
 def test_bench_report_takes_medians_over_rounds():
