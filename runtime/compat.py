@@ -49,6 +49,7 @@ PRIVATE_SYMBOLS = (
     (_MIXIN, "_prepare_generation_config", ("generation_config", "kwargs")),
     (_MIXIN, "_expand_inputs_for_generation", ("expand_size", "input_ids", "model_kwargs")),
     (_MIXIN, "_prepare_special_tokens", ("generation_config", "kwargs_has_attention_mask", "device")),
+    (_MIXIN, "_prepare_attention_mask_for_generation", ("inputs_tensor", "generation_config", "model_kwargs")),
     ("transformers.modeling_utils.PreTrainedModel", "_from_config", ("config", "kwargs")),
     ("transformers.configuration_utils.PreTrainedConfig", "_attn_implementation", "property"),
     # transformers serve's own table of tool-call formats by model type (for tokenizers without a
@@ -122,6 +123,13 @@ def special_tokens(model, config: GenerationConfig, device) -> tuple[tuple[int, 
     eos = config._eos_token_tensor
     pad = config._pad_token_tensor
     return (tuple(eos.tolist()) if eos is not None else ()), (int(pad) if pad is not None else 0)
+
+
+def inferred_attention_mask(model, config: GenerationConfig, input_ids: torch.Tensor) -> torch.Tensor:
+    """The mask `generate` makes when it is given none: tokens equal to the pad id are padding, where
+    the pad id is set and is no eos id; else all ones. (B, S) int64."""
+    model._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=input_ids.device)
+    return model._prepare_attention_mask_for_generation(input_ids, config, {})
 
 
 def generation_config(model, base: GenerationConfig | None, overrides: dict) -> GenerationConfig:

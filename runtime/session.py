@@ -115,7 +115,7 @@ class Session:
 
     def _run(self, request, streamer, dropped: int) -> str:
         ids = request.input_ids  # (1, T)
-        reuse = self._reusable(ids)
+        reuse = self._reusable(request)
         handle = self.rt.engine.submit(request, lease=self._lease, reuse=reuse)
         tokens = []
         try:
@@ -135,13 +135,13 @@ class Session:
     def _inputs(self) -> dict:
         return chat_inputs(self.rt, conversation(self.system, self.messages), self.parse_special)
 
-    def _reusable(self, ids: torch.Tensor) -> int:
-        """How many leading tokens of `ids` the row holds already (runtime.engine.prefix: the images
-        among them are the conversation's own)."""
+    def _reusable(self, request) -> int:
+        """How many leading tokens of the request's prompt the row holds already (runtime.engine.prefix:
+        the images among them are the conversation's own)."""
         held = self._lease.held
         if held is None:
             return 0
-        return reusable(held, ids, self.rt.contract.layout, self.rt.model.config)
+        return reusable(held, request.input_ids, request.attention_mask, self.rt.contract.layout, self.rt.model.config)
 
     def _drop_oldest_turn(self) -> bool:
         """Remove the oldest user turn and what answered it; False when only the newest is left."""

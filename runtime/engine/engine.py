@@ -425,20 +425,21 @@ class Engine:
                 self.scheduler.finish(state)
         if state.lease is not None:
             cached = self.runner.keep(state, failed=error is not None)
-            state.lease.held = state.history[:, :cached] if cached else None
+            state.lease.held = _held(state, cached) if cached else None
         elif state.rows is not None and state.batch == 1 and self.scheduler.reuse is not None:
             if cached := self.runner.keep(state, failed=error is not None):  # after a failure: nothing
                 with self._cond:
-                    self.scheduler.keep(state.rows.start, (state.history[:, :cached], state.images), cached)
+                    self.scheduler.keep(state.rows.start, (_held(state, cached), state.images), cached)
         elif state.rows is not None:
             self.runner.release(state.rows, wipe=error is not None)  # after a failure nothing in it is trusted
         state.finish(reason, error)
 
     def _reusable(self, state: RequestState, kept: tuple[torch.Tensor, tuple[str, ...]]) -> int:
         """The prefix cache's rule (runtime.engine.prefix): prompt tokens of a one-row request that a
-        free row keeping `kept` (its tokens (1, T), its images' digests) holds."""
+        free row keeping `kept` (what it holds (1, T), its images' digests) holds."""
         held, images = kept
-        return prefix.reusable(held, state.request.input_ids, self.layout, self.config, images == state.images)
+        r = state.request
+        return prefix.reusable(held, r.input_ids, r.attention_mask, self.layout, self.config, images == state.images)
 
     def _busy(self) -> RuntimeBusyError:
         s = self.scheduler
@@ -446,6 +447,11 @@ class Engine:
             f"no free cache rows for {s.busy_timeout:g} s: all {len(s.owners)} of this bundle's rows are "
             "generating; retry, raise busy_timeout, or re-export with a larger --batch-size"
         )
+
+
+def _held(state: RequestState, cached: int) -> torch.Tensor:
+    """What a finished one-row request's row holds of its first `cached` tokens (runtime.engine.prefix)."""
+    return prefix.holding(state.history[:, :cached], state.request.attention_mask)  # (1, cached)
 
 
 def _reusable(request: Request, reuse: int) -> int:

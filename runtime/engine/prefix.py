@@ -26,11 +26,22 @@ import torch
 from runtime.model.images import image_token_id
 
 
-def reusable(held: torch.Tensor, ids: torch.Tensor, layout, config, same_images: bool = True) -> int:
-    """Leading tokens of the prompt `ids` (1, S) that a row holding `held` (1, T) can stand for: at most
-    all but the last, which the decode step takes."""
+def holding(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """What a row fed `ids` (1, T) under the prompt's `mask` (1, S) holds, slot by slot: the ids, and -1
+    where the prompt was padding (tokens past the mask were generated: real). A padded slot stands only
+    for another padded one: what attends to a token, and the positions after it, follow the mask, not
+    the id, so the same ids under another mask are not the same prefix."""
+    pads = torch.zeros_like(ids, dtype=torch.bool)  # (1, T)
+    s = min(ids.shape[1], mask.shape[1])
+    pads[:, :s] = mask[:, :s] == 0
+    return ids.masked_fill(pads, -1)
+
+
+def reusable(held: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, layout, config, same_images=True) -> int:
+    """Leading tokens of the prompt `ids` (1, S) under `mask` (1, S) that a row holding `held` (1, T,
+    from `holding`) can stand for: at most all but the last, which the decode step takes."""
     n = min(held.shape[1], ids.shape[1] - 1)
-    common = int((held[0, :n] == ids[0, :n]).long().cumprod(0).sum())
+    common = int((held[0, :n] == holding(ids, mask)[0, :n]).long().cumprod(0).sum())
     if common < held.shape[1] and any(
         layer.window and held.shape[1] >= min(layer.window, layer.slots) for layer in layout
     ):

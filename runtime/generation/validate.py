@@ -210,6 +210,8 @@ class Validator:
             raise InvalidInputError(
                 f"token id {bad} is outside the vocabulary 0..{vocab - 1}; was it tokenized for another model?"
             )
+        if attention_mask is None:
+            attention_mask = _inferred_mask(self.model, config, input_ids)
         attention_mask = _check_mask(input_ids, attention_mask)
         config.max_new_tokens = new_token_budget(config, seq, self.model.config.get_text_config(), length_set)
         _check_options(config, seq, m.max_cache_len)
@@ -259,9 +261,21 @@ def new_token_budget(config: GenerationConfig, seq: int, text_config, length_set
     return (min(total, limit) if limit else total) - seq
 
 
+def _inferred_mask(model, config: GenerationConfig, input_ids) -> torch.Tensor:
+    """As `generate` does without an attention_mask: tokens equal to the pad id are padding (when it is
+    no eos id). A row that would end in padding is refused here, by what it holds."""
+    mask = compat.inferred_attention_mask(model, config, input_ids)  # (B, S)
+    if (mask[:, -1] == 0).any():
+        _, pad = compat.special_tokens(model, config, input_ids.device)
+        raise InvalidInputError(
+            f"a prompt ends in the pad token id {pad}, and without an attention_mask generate takes pad tokens "
+            "for padding (as HF does), which leaves the row right-padded; pass attention_mask explicitly "
+            "(ones where the tokens are real)"
+        )
+    return mask
+
+
 def _check_mask(input_ids, attention_mask) -> torch.Tensor:
-    if attention_mask is None:
-        return torch.ones_like(input_ids)
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
         shape = tuple(getattr(attention_mask, "shape", ()))
         raise InvalidInputError(

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import assert_parity, hf_generate
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -70,6 +71,30 @@ def test_left_padded_batch_matches_hf(bundle):
     ids, mask = PADDED
     options = {"max_new_tokens": 12, "min_new_tokens": 12, "do_sample": False}
     assert torch.equal(_generate(bundle, ids, mask, **options), _hf(bundle, ids, mask, **options))
+
+
+@pytest.mark.parametrize("prompt", [[0, 0, 17, 40, 5, 66], [17, 40, 0, 5, 0, 66]])
+def test_a_prompt_without_a_mask_is_masked_as_generate_masks_it(bundle, prompt):
+    """Without an attention_mask, generate takes the pad id's tokens (0, no eos id here) for padding,
+    wherever they stand; so does aotpack: tokens and logits as HF's generate called without a mask."""
+    inputs = {"input_ids": torch.tensor([prompt])}
+    assert_parity(bundle, bundle.model, inputs, new_tokens=8)
+    attended = hf_generate(bundle.model, inputs | {"attention_mask": torch.ones(1, 6, dtype=torch.long)}, 8)[1]
+    assert not torch.allclose(attended, hf_generate(bundle.model, inputs, 8)[1])  # the mask matters here
+
+
+def test_a_prompt_ending_in_the_pad_id_without_a_mask_is_refused_by_name(bundle):
+    """generate would take the last token for padding: a right-padded row, refused before any model work;
+    with a mask saying it is real, it runs as HF runs it. With pad == eos nothing is inferred (as in HF)."""
+    ids = torch.tensor([[17, 40, 5, 0]])
+    with pytest.raises(InvalidInputError, match="ends in the pad token id 0.*pass attention_mask"):
+        _generate(bundle, ids, max_new_tokens=4)
+    ones = torch.ones_like(ids)
+    assert torch.equal(_generate(bundle, ids, ones, max_new_tokens=4), _hf(bundle, ids, ones, max_new_tokens=4))
+    ids = torch.tensor([[17, 2, 5, 2, 9]])  # eos = pad = 2: attended
+    with torch.inference_mode():
+        expected = bundle.model.generate(ids, max_new_tokens=4, pad_token_id=2)
+    assert torch.equal(_generate(bundle, ids, max_new_tokens=4, pad_token_id=2), expected)
 
 
 def test_rows_that_meet_eos_are_padded_and_the_loop_stops(bundle):

@@ -40,7 +40,8 @@ def _run(rt, engine: Engine, requests: list[tuple[dict, dict]]) -> list[int]:
         handle = engine.submit(rt.request(ids, mask, None, **inputs, **options), want_logits=True)
         tokens, logits = zip(*handle, strict=True)
         result = (torch.stack(tokens, dim=1), torch.stack(logits, dim=1))
-        assert_each_matches_lone_generate(rt.model, [({"input_ids": ids, **inputs}, options, None)], [result])
+        given = {"input_ids": ids} | ({"attention_mask": mask} if mask is not None else {})
+        assert_each_matches_lone_generate(rt.model, [(given | inputs, options, None)], [result])
         reused.append(handle.cached_tokens)
     return reused
 
@@ -67,6 +68,20 @@ def test_a_prompt_sharing_a_finished_requests_prefix_prefills_only_the_rest(runt
     # the shared system prompt; then the whole of the first request's row (prompt and reply, 17 + 23);
     # then the same prompt again: all but its last token, which the decode step takes
     assert reused == [0, 12, 40, 16]
+
+
+def test_the_same_ids_under_another_mask_are_another_prefix(runtimes):
+    """A row holds keys computed under its prompt's mask: the same ids with their first two tokens as
+    padding (an explicit mask, or none: generate then takes the pad id for padding) hold other keys at
+    other positions. A prompt reuses a kept row only as far as both ids and mask agree."""
+    rt = runtimes("tiny-llama")
+    pad = rt.model.generation_config.pad_token_id
+    torch.manual_seed(2)
+    ids = _ids([pad, pad], torch.randint(8, 300, (10,)))
+    ones = ids | {"attention_mask": torch.ones_like(ids["input_ids"])}
+    padded = ids | {"attention_mask": (ids["input_ids"] != pad).long()}
+    engine = Engine(rt.model, rt.decode, rt.contract)
+    assert _run(rt, engine, [(ones, SHORT), (padded, SHORT), (ids, SHORT)]) == [0, 0, 11]
 
 
 def test_without_the_prefix_cache_every_prompt_is_prefilled_whole(runtimes):
@@ -242,6 +257,6 @@ def test_a_ring_wider_than_its_window_is_reused_partly_only_below_the_window():
     for held, expected in ((7, 5), (8, 0), (10, 0)):
         kept = torch.arange(10, 10 + held)[None]  # (1, held)
         prompt = torch.cat([kept[:, :5], torch.tensor([[99, 98]])], 1)  # shares 5 of them, then differs
-        assert reusable(kept, prompt, layout, None) == expected, held
+        assert reusable(kept, prompt, torch.ones_like(prompt), layout, None) == expected, held
     extends = torch.cat([kept, torch.tensor([[99, 98]])], 1)  # all it holds and more: still reusable
-    assert reusable(kept, extends, layout, None) == 10
+    assert reusable(kept, extends, torch.ones_like(extends), layout, None) == 10
