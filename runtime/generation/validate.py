@@ -182,8 +182,9 @@ class Validator:
         return config
 
     def validate(self, input_ids, attention_mask, config: GenerationConfig, length_set: bool = True) -> torch.Tensor:
-        """Check a request against the bundle; returns the attention mask (ones when none was given). Sets
-        the config's lengths as `generate` does; `length_set`: max_length came from the call or a config."""
+        """Check a request against the bundle; returns the attention mask (without one, the one generate
+        infers). Sets the config's lengths as `generate` does; `length_set`: max_length came from the call
+        or a config."""
         m = self.contract
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise InvalidInputError(
