@@ -38,7 +38,7 @@ from exporter.write import write_model
 from runtime.backends.aoti import CompiledDecode
 from runtime.backends.onnxruntime import OnnxRuntimeDecode
 from runtime.errors import ExportError
-from runtime.format.contract import INPUT_NAMES, DecodeContract, graph_name
+from runtime.format.contract import INPUT_NAMES, DecodeContract, graph_name, graph_title
 from runtime.format.files import DECODE, DECODE_ONNX, KERNELS, MANIFEST, sha256
 from runtime.format.manifest import AOTPACK_VERSION, DENSE, FORMAT_VERSION, DecodeGraph, Manifest, Parity, Quantization
 from runtime.format.quant import INTEGER
@@ -153,7 +153,7 @@ def _compile_graph(config, model, step, contract, kernel, shape, options: dict, 
     directory `into`; linked against aotpack's kernels `native` where a lowering calls them). Returns (its
     manifest entry, parity still to check; the files)."""
     (batch, tokens, chunk), start, stage = shape, time.perf_counter(), progress.stage
-    what = _graph_what(batch, tokens, chunk)
+    what = graph_title(batch, tokens, chunk)
     message = f"exporting the {what} of {type(model).__name__} ({len(contract.layout)} layers, "
     with stage("trace", message + f"cache {config.max_cache_len})"), decode_attention.installed(model, kernel):
         exported = export_decode(step.without_head() if chunk else step, contract, batch, tokens)
@@ -166,12 +166,6 @@ def _compile_graph(config, model, step, contract, kernel, shape, options: dict, 
     return DecodeGraph(batch, lowerings, Parity(0, 0.0, 0.0, False), seconds, tokens, chunk), files
 
 
-def _graph_what(batch: int, tokens: int, chunk: bool) -> str:
-    if chunk:
-        return f"chunk graph ({tokens} prompt tokens of one row)"
-    return f"batch-{batch} decode step" if tokens == 1 else f"batch-{batch} verify step ({tokens} tokens a row)"
-
-
 def _parity(config, staging: Path, manifest: Manifest, model, tokenizer, package: Path, contract) -> Manifest:
     """Every graph against eager generate with as many rows as it steps; the ONNX decode at two rows.
     The manifest's `parity` is all of them together."""
@@ -179,7 +173,7 @@ def _parity(config, staging: Path, manifest: Manifest, model, tokenizer, package
     integer = manifest.quantization is not None and manifest.quantization.kernels == INTEGER
     graphs = []
     for graph in manifest.graphs:
-        name = f"compiled {_graph_what(graph.batch, graph.tokens, graph.chunk)}"
+        name = f"compiled {graph_title(graph.batch, graph.tokens, graph.chunk)}"
         verify = graph.tokens > 1 and not graph.chunk
         report = check_parity(
             model, {name: compiled}, contract, tokenizer, config.parity_steps, graph.batch, integer, verify, graph.chunk

@@ -24,7 +24,7 @@ from runtime.backends.base import Backend
 from runtime.backends.checks import check_step_inputs, lend_constants
 from runtime.cpu import check_cpu_isa
 from runtime.errors import BundleError, IncompatibleBundleError, InvalidInputError
-from runtime.format.contract import DecodeContract, graph_name
+from runtime.format.contract import DecodeContract, graph_name, graph_title
 from runtime.format.files import DECODE, read_verified
 from runtime.format.manifest import Manifest
 
@@ -57,7 +57,7 @@ class CompiledDecode:
         decode or verify graph's; the chunk graph, which has no lm_head, those it names (all of them
         where the lm_head is the tied embedding)."""
         batch, tokens, chunk = shape
-        what = "the chunk graph" if chunk else f"batch {batch}" if tokens == 1 else f"the batch-{batch} verify graph"
+        what = f"the {graph_title(*shape)}"
         try:
             loader = compat.load_aoti_package(str(private), graph_name(*shape))
         except RuntimeError as e:  # a damaged package whose hash was recomputed, a missing graph or symbol

@@ -34,6 +34,13 @@ def graph_name(batch: int, tokens: int = 1, chunk: bool = False) -> str:
     return f"batch{batch}" if tokens == 1 else f"verify{batch}x{tokens}"
 
 
+def graph_title(batch: int, tokens: int = 1, chunk: bool = False) -> str:
+    """The same graph in words, for messages and progress: what it steps."""
+    if chunk:
+        return f"chunk graph ({tokens} prompt tokens of one row)"
+    return f"batch-{batch} decode step" if tokens == 1 else f"batch-{batch} verify step ({tokens} tokens a row)"
+
+
 @dataclass(frozen=True)
 class StepInput:
     name: str

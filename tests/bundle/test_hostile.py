@@ -76,7 +76,7 @@ def test_manifest_describing_other_buffers_than_the_so_is_refused(copy, edit, ba
     artifact = "decode.pt2" if backend == "aoti" else "decode.onnx"
     message = f"not what {artifact} was compiled for"
     if backend == "aoti" and edit is _larger_batch:
-        message = "decode.pt2 could not be loaded for batch 8"
+        message = "decode.pt2 could not be loaded for the batch-8 decode step"
     with pytest.raises(BundleError, match=message):
         load(copy, backend=backend)
 
