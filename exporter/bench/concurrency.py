@@ -26,7 +26,11 @@ from exporter.source import checkpoint_dir
 TARGETS = (
     ("aggregate tokens/s at N streams ≥ 5× one stream's", "throughput_gain", (">=", 5.0)),
     ("p50 inter-token latency at N streams ≤ 1.6× one stream's", "itl_growth", ("<=", 1.6)),
-    ("p99 ITL while a long prompt is admitted in chunks < 3× p50", "budgeted_p99_over_p50", ("<", 3.0)),
+    (
+        "p99 ITL while a long prompt is admitted in chunks < 3× p50 (the median admission)",
+        "budgeted_p99_over_p50",
+        ("<", 3.0),
+    ),
     ("(not a target) the same, chunks of a fixed token count", "chunked_p99_over_p50", (None, None)),
     ("(not a target) the same, prompt prefilled whole", "whole_p99_over_p50", (None, None)),
 )
@@ -105,11 +109,12 @@ def markdown(results: dict) -> str:
             for r in (one, many)
         ),
         "",
-        f"{m['rows'] - 1} streams decoding while a {m['admission'][0]['long_prompt_tokens']}-token prompt arrives:",
+        f"{m['rows'] - 1} streams decoding while a {m['admission'][0]['long_prompt_tokens']}-token prompt arrives "
+        "(each way a few times, a different prompt each: the admission with the median p99 / p50, and every one's):",
         "",
         "| prefill | ITL p50 before (ms) | ITL p99 during (ms) | longest stall (ms) | p99 / p50 "
-        "| its first token (s) |",
-        "|---|---|---|---|---|---|",
+        "| its first token (s) | p99 / p50 of each |",
+        "|---|---|---|---|---|---|---|",
         *(_admission_row(a) for a in m["admission"]),
         "",
         "| target | measured | verdict |",
@@ -129,7 +134,8 @@ def _admission_row(a: dict) -> str:
         how = f"chunks of {a['prefill_budget']:g}× a step's time, at most {a['prefill_chunk']} tokens"
     return (
         f"| {how} | {a['itl_p50_before_ms']:.1f} | {a['itl_p99_during_ms']:.1f} | {a['stall_max_ms']:.1f} | "
-        f"{a['p99_over_p50']:.2f} | {a['long_prompt_first_token_s']:.2f} |"
+        f"{a['p99_over_p50']:.2f} | {a['long_prompt_first_token_s']:.2f} | "
+        f"{', '.join(f'{r:.2f}' for r in a.get('rounds_p99_over_p50', [a['p99_over_p50']]))} |"
     )
 
 

@@ -147,7 +147,8 @@ def test_streams_report_reads_the_targets_from_the_measurements(tmp_path):
         "many": {"streams": 8, "tokens_per_s": 110.0, "itl_p50_ms": 72.0, "itl_p99_ms": 90.0},
         "admission": [admission | {"prefill_chunk": None, "p99_over_p50": 9.0},
                       admission | {"prefill_chunk": 32, "p99_over_p50": 3.5},
-                      admission | {"prefill_chunk": 32, "prefill_budget": 1.0, "p99_over_p50": 2.5}],
+                      admission | {"prefill_chunk": 32, "prefill_budget": 1.0, "p99_over_p50": 2.5,
+                                   "rounds_p99_over_p50": [3.1, 2.5, 2.0]}],
     }  # fmt: skip
     assert figures(measured) == pytest.approx(
         {"throughput_gain": 5.5, "itl_growth": 1.44, "budgeted_p99_over_p50": 2.5, "chunked_p99_over_p50": 3.5,
@@ -160,6 +161,7 @@ def test_streams_report_reads_the_targets_from_the_measurements(tmp_path):
     report = (tmp_path / "streams.md").read_text()
     assert report.count("| met |") == 3 and "chunks of 32 |" in report and "1× a step's time, at most 32" in report
     assert "| 8 | 64.0 | 8.0 | 1.60× |" in report  # each graph's step, per row and against batch 1
+    assert "| 2.50 | 2.00 | 3.10, 2.50, 2.00 |" in report  # the median admission, and every one's ratio
 
 
 def test_serve_report_compares_with_transformers_serve():

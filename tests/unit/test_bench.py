@@ -285,3 +285,21 @@ def test_speculation_clients_count_the_tokens_delivered_within_the_window(monkey
     assert not out["identical"] and out["requests"]["plain"] >= 8
     # 2 clients, a token each 20 ms: about 100 tokens/s, never more
     assert 50 < out["plain_tps"] <= 2 / 0.02 and 50 < out["drafted_tps"] <= 2 / 0.02
+
+
+def test_each_admission_is_run_a_few_times_and_the_median_kept(monkeypatch):
+    """One admission's p99 is nearly its largest gap, so the streams bench runs each way of prefilling on
+    distinct long prompts and keeps the admission with the median ratio, listing every one."""
+    from exporter.bench import streams
+
+    ratios = iter([4.0, 2.0, 2.5])
+    seen = []
+
+    def admission(rt, prompts, long_prompt, new_tokens, chunk, budget):
+        seen.append(long_prompt)
+        return {"p99_over_p50": next(ratios), "prompt": long_prompt}
+
+    monkeypatch.setattr(streams, "admission", admission)
+    got = streams.admissions(None, [], ["a", "b", "c"], 8, 32, 1.0)
+    assert got == {"p99_over_p50": 2.5, "prompt": "c", "rounds_p99_over_p50": [4.0, 2.0, 2.5]}
+    assert seen == ["a", "b", "c"]
