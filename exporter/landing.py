@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -43,12 +44,23 @@ def staging_dir(out: Path):
     try:
         yield staging
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_tree(staging)
         for folder in made:
             try:
                 folder.rmdir()  # only if empty: a bundle that landed keeps its folder
             except OSError:
                 break
+
+
+def _remove_tree(path: Path, attempts: int = 40) -> None:
+    """rmtree, and again while the tree is still there: an interrupt kills the C++ compiler, but not the
+    linker it started, which can still write the graph's .so into the tree while it is removed (CI: an
+    export stopped by SIGTERM mid-compile left its staging folder, non-empty when rmtree got to it)."""
+    for _ in range(attempts):
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            return
+        time.sleep(0.05)
 
 
 def _remove_stale(out: Path) -> None:

@@ -226,6 +226,24 @@ def test_stale_staging_of_a_dead_export_is_removed(tmp_path):
     assert not staging.exists()
 
 
+def test_a_file_written_into_staging_while_it_is_removed_does_not_keep_it(tmp_path, monkeypatch):
+    """An interrupt kills the compiler but not the linker it started, which can write its .so into the
+    staging folder while the folder is being removed (CI: SIGTERM mid-compile left it behind)."""
+    import exporter.landing
+
+    real, written = shutil.rmtree, []
+
+    def late_writer(path, ignore_errors=False):
+        real(path, ignore_errors=ignore_errors)
+        if not written:  # the linker's file lands once, just after the files went
+            Path(path).mkdir(exist_ok=True)
+            written.append((Path(path) / "model.so").touch())
+
+    with staging_dir(tmp_path / "bundle") as staging:
+        monkeypatch.setattr(exporter.landing.shutil, "rmtree", late_writer)
+    assert not staging.exists()
+
+
 def test_landing_swaps_the_bundle_whole(tmp_path):
     """The target never stops existing: renameat2(RENAME_EXCHANGE) where Linux offers it."""
     out, staging = tmp_path / "bundle", tmp_path / "new"

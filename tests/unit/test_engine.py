@@ -324,14 +324,20 @@ def test_a_prompt_that_goes_in_past_every_decoding_row_joins_at_the_next_step(st
         "step",
         lambda self, d, w: events.append(("step", {s.request.prompt_len for s in d})) or real_step(self, d, w),
     )
-    plan = [(p, GREEDY, None) for p in _prompts(bundle, [20, 30, 4])]
+    plan = [(p, GREEDY, None) for p in _prompts(bundle, [20, 40, 4])]
     assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan, engine))
-    steps_after = {}  # prompt length -> the next two steps' request sets after its last piece
+    steps_after, reach = {}, {}  # prompt length -> the next two steps' request sets after its last piece
     for i, (kind, what) in enumerate(events):
-        if kind == "in" and what.end == what.state.final and what.state.request.prompt_len in (30, 4):
+        if kind == "in" and what.end == what.state.final and what.state.request.prompt_len in (40, 4):
             following = [w for k, w in events[i + 1 :] if k == "step"][:2]
             steps_after[what.state.request.prompt_len] = following
-    assert 30 not in steps_after[30][0] and 30 in steps_after[30][1]  # past the others (20): one step later
+            reach[what.state.request.prompt_len] = 20 + sum(20 in w for k, w in events[:i] if k == "step")
+    # Staggered: 40 arrives once 20 has decoded 2 tokens and goes in 7 pieces, 20 then at about 29, unless
+    # the machine's load held the test's thread back while 20 decoded on; the rule is checked either way
+    if reach[40] < 40:  # past the others (20): one step later
+        assert 40 not in steps_after[40][0] and 40 in steps_after[40][1], reach
+    else:
+        assert 40 in steps_after[40][0], reach
     assert 4 in steps_after[4][0]  # within their reach: at once
 
 
