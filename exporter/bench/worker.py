@@ -73,7 +73,7 @@ def _aot_request(rt, ids, new_tokens: int) -> Stamps:
     """The engine's own token times (when each step produced its token): read as they arrive in this
     thread, a fast step's tokens could queue up behind the GIL and seem to come out together."""
     stamps = Stamps()
-    handle = rt.submit(input_ids=ids, max_new_tokens=new_tokens)
+    handle = rt.submit(input_ids=ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=new_tokens)  # as HF's
     stamps.tokens = [int(token[0]) for token in handle.tokens()]
     offset = time.time() - time.monotonic()
     stamps.times = [t + offset for t in handle.times]

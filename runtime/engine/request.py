@@ -56,7 +56,7 @@ class Request:
     """One validated generate() call."""
 
     input_ids: torch.Tensor  # (B, S) int64; B counts num_return_sequences
-    attention_mask: torch.Tensor  # (B, S) int64, left padded
+    attention_mask: torch.Tensor  # (B, S) int64: left padding, or padding anywhere but last (generate's inferred)
     model_inputs: dict  # extra prefill inputs, e.g. pixel_values, token_type_ids
     config: GenerationConfig  # resolved as generate resolves it (runtime.compat.generation_config)
     eos_ids: tuple[int, ...]

@@ -212,6 +212,7 @@ class Validator:
                 f"token id {bad} is outside the vocabulary 0..{vocab - 1}; was it tokenized for another model?"
             )
         if attention_mask is None:
+            self._special_tokens(config, input_ids.device)  # the pad and eos ids it reads, checked first
             attention_mask = _inferred_mask(self.model, config, input_ids)
         attention_mask = _check_mask(input_ids, attention_mask)
         config.max_new_tokens = new_token_budget(config, seq, self.model.config.get_text_config(), length_set)
@@ -268,10 +269,11 @@ def _inferred_mask(model, config: GenerationConfig, input_ids) -> torch.Tensor:
     mask = compat.inferred_attention_mask(model, config, input_ids)  # (B, S)
     if (mask[:, -1] == 0).any():
         _, pad = compat.special_tokens(model, config, input_ids.device)
+        row = int((mask[:, -1] == 0).nonzero()[0])
         raise InvalidInputError(
-            f"a prompt ends in the pad token id {pad}, and without an attention_mask generate takes pad tokens "
-            "for padding (as HF does), which leaves the row right-padded; pass attention_mask explicitly "
-            "(ones where the tokens are real)"
+            f"row {row} of input_ids ends in the pad token id {pad}, and without an attention_mask generate takes "
+            "pad tokens for padding (as HF does), which leaves the row right-padded; pass attention_mask "
+            "explicitly (ones where the tokens are real)"
         )
     return mask
 

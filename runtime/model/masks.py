@@ -53,7 +53,7 @@ def chunk_masks(real: torch.Tensor, start: int, layout) -> dict[str, torch.Tenso
     that holds [0, start), keyed by layer kind, in SlotLayer._continue's key order (a ring's slots in
     index order while the chunk does not wrap it, else its slots as they were, then the chunk).
 
-    real: (b, end) bool, True where an index holds a real token (False: left padding).
+    real: (b, end) bool, True where an index holds a real token (False: padding).
     A query sees real keys at or before it (within the window on a ring), and always itself, so that a
     padding query, whose output nothing reads, still has one key and stays finite.
     """

@@ -15,7 +15,8 @@ import torch
 
 
 def prompt_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Rotary positions for a left-padded batch, as HF generate computes them: (B, S) int64."""
+    """Rotary positions for a padded batch (left padding, or padding anywhere but last), as HF generate
+    computes them where it reads them (real tokens): (B, S) int64."""
     positions = attention_mask.long().cumsum(-1) - 1
     return positions.masked_fill(attention_mask == 0, 0)
 
@@ -42,12 +43,11 @@ class RowPositions:
         self.index[rows] = index
 
     def place(self, rows: slice, attention_mask: torch.Tensor, fed: int) -> None:
-        """Rows that hold the first `fed` tokens of a left-padded prompt (attention_mask (b, S)); the
+        """Rows that hold the first `fed` tokens of a padded prompt (attention_mask (b, S)); the
         next `advance` admits token `fed`, which may still be the prompt's last."""
-        seq = attention_mask.shape[1]
         self.pad_mask[rows] = False
         self.pad_mask[rows, :fed] = attention_mask[:, :fed].bool()
-        self.position[rows] = prompt_positions(attention_mask)[:, -1:] - (seq - fed)
+        self.position[rows] = attention_mask[:, :fed].sum(-1, keepdim=True) - 1  # the last real token fed so far
         self.index[rows] = fed - 1
 
     def swap(self, source: slice, target: slice) -> None:

@@ -308,6 +308,21 @@ def test_chunks_in_a_ring_wider_than_the_window_still_see_only_the_window(eager_
     assert_each_matches_lone_generate(rt.model, plan, _staggered(rt, plan, engine))
 
 
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_prompts_with_pad_tokens_inside_and_no_mask_equal_hf_beside_decoding_rows(stand_in, chunk):
+    """Without an attention_mask generate takes tiny-llama's pad id (4) for padding wherever it stands;
+    such prompts, whole or in chunks of 3 that end on both sides of the pads, beside a decoding row."""
+    bundle = stand_in("tiny-llama")
+    pad = bundle.model.generation_config.pad_token_id
+    torch.manual_seed(3)
+    first, inside, left = (torch.randint(8, 300, (1, n)) for n in (9, 14, 11))
+    inside[0, [2, 7, 8]] = pad
+    left[0, :3] = pad
+    plan = [({"input_ids": ids}, GREEDY, None) for ids in (first, inside, left)]
+    engine = _engine(bundle, prefill_chunk=chunk)
+    assert_each_matches_lone_generate(bundle.model, plan, _staggered(bundle, plan, engine))
+
+
 def test_a_prompt_that_goes_in_past_every_decoding_row_joins_at_the_next_step(stand_in, monkeypatch):
     """The step of the iteration whose piece finished a prompt that stands past every decoding row runs
     without it (it would widen that step's attention on top of the piece); it decodes from the next step.

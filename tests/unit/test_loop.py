@@ -87,8 +87,11 @@ def test_a_prompt_ending_in_the_pad_id_without_a_mask_is_refused_by_name(bundle)
     """generate would take the last token for padding: a right-padded row, refused before any model work;
     with a mask saying it is real, it runs as HF runs it. With pad == eos nothing is inferred (as in HF)."""
     ids = torch.tensor([[17, 40, 5, 0]])
-    with pytest.raises(InvalidInputError, match="ends in the pad token id 0.*pass attention_mask"):
+    with pytest.raises(InvalidInputError, match="row 0 of input_ids ends in the pad token id 0.*pass attention_mask"):
         _generate(bundle, ids, max_new_tokens=4)
+    for option in ({"pad_token_id": 2**64}, {"eos_token_id": 2**64}, {"bos_token_id": -(2**64)}):  # HF overflows
+        with pytest.raises(InvalidInputError, match="must be token ids of this bundle"):
+            _generate(bundle, PROMPT, max_new_tokens=2, **option)
     ones = torch.ones_like(ids)
     assert torch.equal(_generate(bundle, ids, ones, max_new_tokens=4), _hf(bundle, ids, ones, max_new_tokens=4))
     ids = torch.tensor([[17, 2, 5, 2, 9]])  # eos = pad = 2: attended
