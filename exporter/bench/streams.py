@@ -116,7 +116,8 @@ def measure(args) -> dict:
     rt = load(args.path, LoadConfig(num_threads=args.threads))
     prompts = _prompts(rt.manifest.vocab_size, args.streams, args.prompt_len)
     rt.generate(prompts[0], max_new_tokens=4)  # first-call costs out of the way
-    long_prompts = _prompts(rt.manifest.vocab_size, 3 * ROUNDS, args.long_prompt)  # (1, L) each
+    ways = ((None, None), (args.chunk, None), (args.chunk, args.budget))  # (chunk, budget): whole, tokens, time
+    long_prompts = _prompts(rt.manifest.vocab_size, len(ways) * ROUNDS, args.long_prompt)  # (1, L) each
     return {
         "bundle": rt.manifest.model_class,
         "dtype": rt.manifest.dtype,
@@ -128,7 +129,7 @@ def measure(args) -> dict:
         "many": concurrent(rt, prompts, args.new_tokens),
         "admission": [
             admissions(rt, prompts[:-1], long_prompts[i * ROUNDS : (i + 1) * ROUNDS], 4 * args.new_tokens, *how)
-            for i, how in enumerate(((None, None), (args.chunk, None), (args.chunk, args.budget)))
+            for i, how in enumerate(ways)
         ],
     }
 

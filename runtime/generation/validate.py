@@ -212,8 +212,8 @@ class Validator:
                 f"token id {bad} is outside the vocabulary 0..{vocab - 1}; was it tokenized for another model?"
             )
         if attention_mask is None:
-            self._special_tokens(config, input_ids.device)  # the pad and eos ids it reads, checked first
-            attention_mask = _inferred_mask(self.model, config, input_ids)
+            _, pad = self._special_tokens(config, input_ids.device)  # the ids the inference reads, checked first
+            attention_mask = _inferred_mask(self.model, config, input_ids, pad)
         attention_mask = _check_mask(input_ids, attention_mask)
         config.max_new_tokens = new_token_budget(config, seq, self.model.config.get_text_config(), length_set)
         _check_options(config, seq, m.max_cache_len)
@@ -263,12 +263,11 @@ def new_token_budget(config: GenerationConfig, seq: int, text_config, length_set
     return (min(total, limit) if limit else total) - seq
 
 
-def _inferred_mask(model, config: GenerationConfig, input_ids) -> torch.Tensor:
+def _inferred_mask(model, config: GenerationConfig, input_ids, pad: int) -> torch.Tensor:
     """As `generate` does without an attention_mask: tokens equal to the pad id are padding (when it is
     no eos id). A row that would end in padding is refused here, by what it holds."""
     mask = compat.inferred_attention_mask(model, config, input_ids)  # (B, S)
     if (mask[:, -1] == 0).any():
-        _, pad = compat.special_tokens(model, config, input_ids.device)
         row = int((mask[:, -1] == 0).nonzero()[0])
         raise InvalidInputError(
             f"row {row} of input_ids ends in the pad token id {pad}, and without an attention_mask generate takes "
