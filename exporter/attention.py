@@ -14,8 +14,14 @@ chosen one while the step is traced. The candidates:
   key/value head once per query head: 4 times for Gemma 3's 4 query heads a KV head, which past L2 costs
   4x the bytes (float32, 2 threads, Intel Xeon, a layer: 429 against 165 us at 2,048 slots and 1 row,
   3,037 against 1,156 at 8 rows, 47 against 23 at 64 slots and 8 rows; 15 against 14 at 64 and 1).
+- "native": aotpack's own kernel (runtime.quant.attention, exporter/csrc/attention.cpp) with grouped's
+  query rows: it reads each key and value once for a head's rows without the copies MKL's GEMM makes of
+  them inside the flash kernel, and splits the keys across threads where a step has fewer (row, KV head)
+  pairs than threads (one row: the flash kernel ran it on one thread). Gemma 3 270M's shapes, float32, a
+  layer, 2 threads, AMD EPYC Zen 5: 1 row 95 -> 36 us at 1,024 slots, 8 rows 496 -> 262 us; 8 rows at 97
+  slots 54 -> 31 us. A candidate where the export has aotpack's kernels (CPU exports).
 Every candidate computes the same attention up to summation order; the parity gate checks the winner.
-Float32 bundles time flash and grouped (SDPA's math path is no candidate there: Inductor's loops made a
+Float32 bundles time flash, grouped and native (SDPA's math path is no candidate there: Inductor's loops made a
 batch-8 float32 bundle of Gemma 3 270M step in 72 ms at batch 1 and 260 at batch 8, against 64 and 156
 with the flash kernel, AMD EPYC, AVX2); half precision times all four. Each candidate is timed at one
 row and at the bundle's batch, over TIMED_SPAN slots, and the least total wins. `--decode-attention`
@@ -29,12 +35,14 @@ from contextlib import nullcontext
 import torch
 
 from exporter import compat
-from exporter.timing import median_seconds
+from exporter.timing import interleaved_seconds
 from runtime.compat import float_environment_kept
-from runtime.format.manifest import DecodeAttention
+from runtime.format.manifest import NATIVE_ATTENTION, DecodeAttention
+from runtime.quant import attention as native_attention
 
 SDPA, FLASH, FLASH_FP32, GROUPED = "sdpa", "flash", "flash-fp32", "grouped"
-KERNELS = (SDPA, FLASH, FLASH_FP32, GROUPED)  # --decode-attention's choices besides "auto" (exporter.names)
+NATIVE = NATIVE_ATTENTION  # "native"
+KERNELS = (SDPA, FLASH, FLASH_FP32, GROUPED, NATIVE)  # --decode-attention's choices besides "auto" (exporter.names)
 TIMED_SPAN = 1024  # cache indices the candidates attend to when timed (or the whole cache, if shorter)
 
 
@@ -74,25 +82,41 @@ def grouped(module, query, key, value, attention_mask, dropout=0.0, scaling=None
     return out.reshape(b, t, heads, d), None  # (B, T, H, D), as transformers' attention returns
 
 
-FUNCTIONS = {FLASH: flash, FLASH_FP32: flash_fp32, GROUPED: grouped}  # SDPA: transformers' own
+def native(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """grouped's query rows through aotpack's kernel (runtime.quant.attention), which takes the boolean
+    (B or 1, 1, T, S) masks transformers builds for SDPA; any other mask goes through grouped."""
+    mask = attention_mask
+    if mask is None or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
+        return grouped(module, query, key, value, attention_mask, dropout, scaling)
+    b, heads, t, d = query.shape
+    kv = key.shape[1]
+    scale = scaling if scaling is not None else d**-0.5
+    out = native_attention.OP(query.reshape(b, kv, heads // kv * t, d), key, value, mask, scale)
+    out = out.reshape(b, kv, heads // kv, t, d).permute(0, 3, 1, 2, 4)  # (B, T, KV, G, D): head kv * G + g
+    return out.reshape(b, t, heads, d), None  # (B, T, H, D)
+
+
+FUNCTIONS = {FLASH: flash, FLASH_FP32: flash_fp32, GROUPED: grouped, NATIVE: native}  # SDPA: transformers' own
 
 
 def choose(
     model, dtype: str, device: str, attention: str, max_cache_len: int, options: dict, log=print,
-    batch: int = 1, kernel: str = "auto",
+    batch: int = 1, kernel: str = "auto", native_kernels: bool = False,
 ):  # fmt: skip
     """The manifest's DecodeAttention: None where the model's own attention is kept (GPU bundles, models
     on eager attention); `kernel` untimed if one is named; else the candidates for `dtype` timed here at
-    one row and at `batch` rows, the least total kept."""
+    one row and at `batch` rows, the least total kept. `native_kernels`: aotpack's kernels are loaded
+    (exporter.kernels.build), so their attention is a candidate."""
     if device != "cpu" or attention != "sdpa":
         return None
     if kernel != "auto":
         return DecodeAttention(kernel, {}, 0)
     span = min(max_cache_len, TIMED_SPAN)
-    names = (FLASH, GROUPED) if dtype == "float32" else KERNELS
+    names = (FLASH, GROUPED, NATIVE) if dtype == "float32" else KERNELS
+    names = names if native_kernels else tuple(n for n in names if n != NATIVE)
     batches = sorted({1, batch})
     examples = [_example(model, getattr(torch, dtype), span, b) for b in batches]  # every candidate's inputs
-    timed = {name: round(_seconds(name, examples, options) * 1e6, 1) for name in names}
+    timed = {name: round(seconds * 1e6, 1) for name, seconds in _seconds(names, examples, options).items()}
     rows = " + ".join(f"{b} row{'s' * (b > 1)}" for b in batches)
     log(f"decode attention over {span} slots, {rows}: " + ", ".join(f"{k} {v:.0f} us" for k, v in timed.items()))
     return DecodeAttention(min(timed, key=timed.get), timed, span)
@@ -116,20 +140,28 @@ def _example(model, dtype: torch.dtype, span: int, batch: int) -> tuple:
     return q, k, v, torch.ones(batch, 1, 1, span, dtype=torch.bool)
 
 
-def _seconds(name: str, examples: list[tuple], options: dict) -> float:
-    """One candidate's median calls over each of `examples` (_example's), summed, compiled as the bundle
-    compiles (dynamic shapes, its Inductor options)."""
+def _seconds(names: tuple[str, ...], examples: list[tuple], options: dict) -> dict[str, float]:
+    """Each candidate's time over `examples` (_example's), summed: compiled as the bundle compiles (dynamic
+    shapes, its Inductor options), then timed interleaved (exporter.timing), each its fastest call on each
+    example. Timed one after another, a candidate that ran while the machine was busy lost: on a Zen 5 EPYC
+    the native kernel timed 873 us against grouped's 741 in one export and 475 against 763 alone."""
     scale = examples[0][0].shape[-1] ** -0.5
-    if name == SDPA:
-
-        def fn(q, k, v, m):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True, scale=scale)
-    else:
-
-        def fn(q, k, v, m, _f=FUNCTIONS[name]):
-            return _f(None, q, k, v, m, scaling=scale)[0]
-
     torch.compiler.reset()
-    compiled = torch.compile(fn, dynamic=True, fullgraph=True, options=options)
+    compiled = {
+        name: torch.compile(_candidate(name, scale), dynamic=True, fullgraph=True, options=options) for name in names
+    }
+    totals = dict.fromkeys(names, 0.0)
     with torch.inference_mode(), float_environment_kept():
-        return sum(median_seconds(compiled, *args, repeats=15) for args in examples)
+        for args in examples:
+            timed = interleaved_seconds(compiled, *args, threads=torch.get_num_threads())
+            totals = {name: totals[name] + timed.best[name] for name in names}
+    return totals
+
+
+def _candidate(name: str, scale: float):
+    """The candidate as a function of (q, k, v, mask)."""
+    if name == SDPA:
+        return lambda q, k, v, m: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=m, enable_gqa=True, scale=scale
+        )
+    return lambda q, k, v, m, _f=FUNCTIONS[name]: _f(None, q, k, v, m, scaling=scale)[0]

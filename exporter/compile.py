@@ -24,7 +24,7 @@ from runtime.format.contract import BATCH, INPUT_NAMES, METADATA_KEY, SPAN, STEP
 from runtime.format.manifest import NativeKernels, Quantization
 from runtime.format.quant import INDUCTOR
 from runtime.model.cache import allocate
-from runtime.quant import SCHEMES, dense
+from runtime.quant import SCHEMES, attention, dense
 
 
 @torch.no_grad()
@@ -108,7 +108,10 @@ def native_options(native: NativeKernels | None) -> dict:
     (exporter.kernels.linkable shows the linker where they are)."""
     if native is None:
         return {}
-    shims = {s.op: [s.c_shim] for s in SCHEMES.values() if s.c_shim} | {dense.OP: [dense.SHIM]}
+    shims = {s.op: [s.c_shim] for s in SCHEMES.values() if s.c_shim} | {
+        dense.OP: [dense.SHIM],
+        attention.OP: [attention.SHIM],
+    }
     return {"aot_inductor.custom_ops_to_c_shims": shims, "aot_inductor.custom_op_libs": [f":{native.soname}"]}
 
 

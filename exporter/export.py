@@ -81,7 +81,7 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
             ref = reference(float32, tokenizer)
     del float32
     quantization, family = _quantize(config, model, plan, progress) if plan else (None, None)
-    native = family.built if family else _dense_kernels(config, progress)
+    native = family.built if family else _float_kernels(config, progress)
     layout = cache_layout(model, config.max_cache_len, config.speculate, config.chunk_graph)
     step = decode_module(model, layout)
     contract = DecodeContract(
@@ -89,9 +89,9 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
         config.chunk_graph,
     )  # fmt: skip
     options = inductor_options(config.device, config.cpu_isa, contract, None, quantization)
-    kernel = _attention(model, config, attention, options, progress)
+    kernel = _attention(model, config, attention, options, progress, native is not None)
     graphs, package = _compile_graphs(config, model, step, contract, kernel, quantization, native, progress, staging)
-    if family is None and not any(lw.chosen == DENSE for g in graphs for lw in g.lowerings):
+    if family is None and not _calls_kernels((lw for g in graphs for lw in g.lowerings), kernel):
         native = None  # no graph calls the kernels: the bundle goes without them
     with stage("write", "writing weights, tokenizer and configs"):
         aliases = write_model(model, preprocessor, staging, defaults)
@@ -158,7 +158,7 @@ def _compile_graph(config, model, step, contract, kernel, shape, options: dict, 
     with stage("trace", message + f"cache {config.max_cache_len})"), decode_attention.installed(model, kernel):
         exported = export_decode(step.without_head() if chunk else step, contract, batch, tokens)
     lowerings = _lowerings(config, weight_shapes(exported), options, batch * tokens, progress, native is not None)
-    if native is not None and any(lw.chosen == DENSE for lw in lowerings):
+    if native is not None and _calls_kernels(lowerings, kernel):
         options = options | native_options(native.record)
     with stage("compile", f"compiling with AOTInductor: the {what}"):
         files = compile_graph(lower(exported, lowerings), options, into)
@@ -211,8 +211,16 @@ def _finish(config, staging: Path, manifest: Manifest, model, ref, start: float)
     return manifest
 
 
-def _attention(model, config: ExportConfig, attention: str, options: dict, progress: Progress):
-    """The decode step's attention kernel (exporter.attention): timed on this machine unless named."""
+def _calls_kernels(lowerings, kernel) -> bool:
+    """Whether float graphs with these lowerings and attention `kernel` call aotpack's kernels: a `dense`
+    lowering, or the native decode attention."""
+    native = kernel is not None and kernel.chosen == decode_attention.NATIVE
+    return native or any(lw.chosen == DENSE for lw in lowerings)
+
+
+def _attention(model, config: ExportConfig, attention: str, options: dict, progress: Progress, native: bool):
+    """The decode step's attention kernel (exporter.attention): timed on this machine unless named;
+    `native`: aotpack's kernels are built, so theirs is a candidate."""
     if config.decode_attention != "auto" and attention != "sdpa":
         raise ExportError(
             f"--decode-attention {config.decode_attention} replaces SDPA, and this model runs {attention!r} "
@@ -223,7 +231,7 @@ def _attention(model, config: ExportConfig, attention: str, options: dict, progr
     with stage:
         return decode_attention.choose(
             model, config.dtype, config.device, attention, config.max_cache_len, options, progress.log,
-            batch=config.batch_size, kernel=config.decode_attention,
+            batch=config.batch_size, kernel=config.decode_attention, native_kernels=native,
         )  # fmt: skip
 
 
@@ -240,11 +248,13 @@ def _lowerings(config: ExportConfig, shapes, options: dict, batch: int, progress
         return tune(shapes, dtype, config.device, options, batch, progress.log, dense)
 
 
-def _dense_kernels(config: ExportConfig, progress: Progress):
-    """aotpack's kernels for a float CPU export whose graphs may choose the `dense` GEMM, else None."""
-    if config.device != "cpu" or config.gemv not in ("tune", DENSE):
+def _float_kernels(config: ExportConfig, progress: Progress):
+    """aotpack's kernels for a float CPU export whose graphs may choose the `dense` GEMM or the native
+    decode attention, else None."""
+    attention = config.decode_attention in ("auto", decode_attention.NATIVE)
+    if config.device != "cpu" or (config.gemv not in ("tune", DENSE) and not attention):
         return None
-    with progress.stage("kernels", "building aotpack's kernels (the dense GEMM is a lowering candidate)"):
+    with progress.stage("kernels", "building aotpack's kernels (dense GEMM and decode attention candidates)"):
         return kernels.build(config.cpu_isa, log=progress.log)
 
 

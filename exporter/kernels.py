@@ -1,5 +1,5 @@
-"""Building aotpack's kernels (exporter/csrc: the integer family's, and the dense float GEMM) for the
-bundle's target.
+"""Building aotpack's kernels (exporter/csrc: the integer family's, the dense float GEMM and the decode
+attention) for the bundle's target.
 
 Owns: compiling the C++ sources into one shared library with the compiler Inductor uses, for the same
 target as the decode graphs (`-march=native`, or x86-64-v3 for a portable `--cpu-isa avx2` bundle), and
@@ -35,7 +35,7 @@ from runtime.format.manifest import NativeKernels
 from runtime.quant import native
 
 SOURCES = Path(__file__).parent / "csrc"
-_UNITS = ("quant_common.cpp", "int8.cpp", "int4.cpp", "dense.cpp")
+_UNITS = ("quant_common.cpp", "int8.cpp", "int4.cpp", "dense.cpp", "attention.cpp")
 # No -ffast-math: the kernels' float sums must round the same way in every tile, and GCC's default
 # contraction of a * b + c into an FMA is switched off for the same reason (the vector code's FMAs are
 # explicit intrinsics).

@@ -109,6 +109,7 @@ def markdown(results: dict) -> str:
             for r in (one, many)
         ),
         "",
+        *_rounds(m),
         f"{m['rows'] - 1} streams decoding while a {m['admission'][0]['long_prompt_tokens']}-token prompt arrives "
         "(each way a few times, a different prompt each: the admission with the median p99 / p50, and every one's):",
         "",
@@ -122,6 +123,15 @@ def markdown(results: dict) -> str:
         *(f"| {label} | {f[key]:.2f}× | {verdict_of(f[key], bound)} |" for label, key, bound in TARGETS),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _rounds(m: dict) -> list[str]:
+    """The rounds of one stream beside N (streams.side_by_side): the table's is the median gain's."""
+    if "rounds_gain" not in m:
+        return []
+    gains, growths = (", ".join(f"{x:.2f}×" for x in m[key]) for key in ("rounds_gain", "rounds_itl_growth"))
+    return [f"One stream, then {m['many']['streams']}, in turn: the round with the median gain above; every "
+            f"round's gain {gains}, ITL p50 growth {growths}.", ""]  # fmt: skip
 
 
 def _graph_row(g: dict, batch_one_ms: float) -> str:

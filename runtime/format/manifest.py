@@ -43,9 +43,12 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # 12: a prefill-chunk graph (`chunk_tokens`: C; 0 without), which writes C prompt tokens of one row into
 # the cache (one-row text prompts go in through it), and rings C - 1 slots beyond their window; each
 # graph says whether it is that graph (`chunk`). A format-6 to -11 manifest still reads, without one.
-FORMAT_VERSION = 12
-SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11, 12})
+# 13: the decode attention may be aotpack's own kernel (`decode_attention.chosen` "native", runtime.quant.
+# attention), carried in `native` like the `dense` GEMM; a format-6 to -12 manifest still reads (none chose it).
+FORMAT_VERSION = 13
+SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11, 12, 13})
 DENSE = "dense"  # the float lowering that calls aotpack's kernels
+NATIVE_ATTENTION = "native"  # the decode attention that calls them
 RECIPES = ("uniform", "sensitive", "mixed")
 MAX_DRAFT_TOKENS = 16  # drafts a verify graph may take per row
 MAX_CHUNK_TOKENS = 256  # prompt tokens the chunk graph may take
@@ -168,7 +171,7 @@ class DecodeGraph:
 class DecodeAttention:
     """The build-time choice of the decode step's attention kernel (CPU bundles of SDPA models)."""
 
-    chosen: str  # "sdpa", "flash", "flash-fp32" or "grouped" (exporter.attention)
+    chosen: str  # "sdpa", "flash", "flash-fp32", "grouped" or "native" (exporter.attention)
     us_per_call: dict[str, float]  # each candidate's time per layer call on the build machine; {} untimed
     span: int  # cache indices the candidates attended to when timed (0: untimed)
 
@@ -592,14 +595,15 @@ def _check_quantization(q: Quantization) -> None:
 
 
 def _check_native(m: Manifest) -> None:
-    """The integer family and the `dense` lowering need aotpack's kernels, listed as a bundle file; nothing
-    else carries them."""
+    """The integer family, the `dense` lowering and the native decode attention need aotpack's kernels,
+    listed as a bundle file; nothing else carries them."""
     integer = m.quantization is not None and m.quantization.kernels == INTEGER
     dense = any(lw.chosen == DENSE for g in m.graphs for lw in g.lowerings)
-    if (integer or dense) != (m.native is not None):
+    attention = m.decode_attention is not None and m.decode_attention.chosen == NATIVE_ATTENTION
+    if (integer or dense or attention) != (m.native is not None):
         raise ManifestError(
-            "manifest native kernels disagree with what calls them (integer kernels and `dense` lowerings "
-            "need `native`, and only they); re-export the bundle"
+            "manifest native kernels disagree with what calls them (integer kernels, `dense` lowerings and "
+            "the native decode attention need `native`, and only they); re-export the bundle"
         )
     if m.native is not None and (m.native.file != KERNELS or KERNELS not in m.files):
         raise ManifestError(f"manifest native entry names {m.native.file!r}, not a listed {KERNELS}; re-export it")

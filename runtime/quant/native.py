@@ -35,7 +35,13 @@ _SIGNATURES = {
 }
 # Functions added after interface 1, without changing its signatures: a library built before them lacks
 # them, and only bundles that call them (their manifest says so) need them.
-_ADDED = {"aotpack_linear_dense": ([_P, _I32, _I, _I, _P, _I32, _I, _P], _I32)}
+_ADDED = {
+    "aotpack_linear_dense": ([_P, _I32, _I, _I, _P, _I32, _I, _P], _I32),
+    "aotpack_decode_attention": (
+        [_P, _I32, _P, _P, _P, _I32, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_float, _P],
+        _I32,
+    ),
+}
 
 
 class Library:
@@ -156,6 +162,37 @@ def linear_dense(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -
     )
     _checked(status, "dense")
     return y.view(*x.shape[:-1], w.shape[0])
+
+
+def decode_attention(q, k, v, mask, scale: float, lib: Library | None = None) -> torch.Tensor:
+    """softmax(scale * q k^T where `mask`) v: q, k and v (B, KV, R or S, D) (any strides; k and v in one
+    float dtype), mask (B or 1, 1, T, S) bool, query row r of a head being token r % T of its row; sums in
+    fp32, output (B, KV, R, D) contiguous in q's dtype (zeros for a row that sees no key)."""
+    b, kv, r, d = q.shape
+    t, s = mask.shape[2], k.shape[2]
+    if (
+        q.dtype not in DTYPE_CODES or k.dtype not in DTYPE_CODES or v.dtype != k.dtype or mask.dtype != torch.bool
+        or k.shape != (b, kv, s, d) or v.shape != k.shape or mask.shape[0] not in (1, b) or mask.shape[1] != 1
+        or mask.shape[3] != s or r % t
+    ):  # fmt: skip
+        raise ValueError(
+            f"aotpack's decode attention takes q (B, KV, R, D), k and v (B, KV, S, D) and a bool mask (B, 1, T, S) "
+            f"with T dividing R, got q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)}, "
+            f"mask {tuple(mask.shape)} {mask.dtype}"
+        )
+    lib = lib or library()
+    if not hasattr(lib._lib, "aotpack_decode_attention"):
+        raise BundleError("this bundle's kernels.so predates the decode attention kernel; re-export the bundle")
+    out = torch.empty(b, kv, r, d, dtype=q.dtype)
+    q_strides = (ctypes.c_int64 * 4)(*q.stride())
+    strides = [(ctypes.c_int64 * 4)(*x) for x in (k.stride(), v.stride())]
+    mask_strides = (ctypes.c_int64 * 3)(mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(2), mask.stride(3))
+    status = lib.aotpack_decode_attention(
+        q.data_ptr(), DTYPE_CODES[q.dtype], q_strides, k.data_ptr(), v.data_ptr(), DTYPE_CODES[k.dtype], *strides,
+        mask.data_ptr(), mask_strides, b, kv, r, t, s, d, scale, out.data_ptr(),
+    )  # fmt: skip
+    _checked(status, "decode attention")
+    return out
 
 
 def quantize_activations(x: torch.Tensor, lib: Library | None = None):

@@ -145,6 +145,8 @@ def test_streams_report_reads_the_targets_from_the_measurements(tmp_path):
         "graphs": graphs,
         "one": {"streams": 1, "tokens_per_s": 20.0, "itl_p50_ms": 50.0, "itl_p99_ms": 55.0},
         "many": {"streams": 8, "tokens_per_s": 110.0, "itl_p50_ms": 72.0, "itl_p99_ms": 90.0},
+        "rounds_gain": [6.0, 5.5, 4.0],
+        "rounds_itl_growth": [1.2, 1.44, 1.5],
         "admission": [admission | {"prefill_chunk": None, "p99_over_p50": 9.0},
                       admission | {"prefill_chunk": 32, "p99_over_p50": 3.5},
                       admission | {"prefill_chunk": 32, "prefill_budget": 1.0, "p99_over_p50": 2.5,
@@ -162,6 +164,7 @@ def test_streams_report_reads_the_targets_from_the_measurements(tmp_path):
     assert report.count("| met |") == 3 and "chunks of 32 |" in report and "1× a step's time, at most 32" in report
     assert "| 8 | 64.0 | 8.0 | 1.60× |" in report  # each graph's step, per row and against batch 1
     assert "| 2.50 | 2.00 | 3.10, 2.50, 2.00 |" in report  # the median admission, and every one's ratio
+    assert "gain 6.00×, 5.50×, 4.00×, ITL p50 growth 1.20×, 1.44×, 1.50×" in report  # every round of 1 beside 8
 
 
 def test_serve_report_compares_with_transformers_serve():

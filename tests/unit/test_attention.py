@@ -1,18 +1,21 @@
 """The decode attention candidates (exporter.attention) compute SDPA's attention, grouped heads and
-masks included, and the build-time choice times every candidate for half precision."""
+masks included, and the build-time choice times every candidate for half precision (aotpack's own where
+the export has built its kernels)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from exporter import attention
+from exporter import attention, kernels
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", [attention.FLASH, attention.FLASH_FP32, attention.GROUPED])
+@pytest.mark.parametrize("name", attention.KERNELS[1:])  # SDPA: transformers' own
 @pytest.mark.parametrize("tokens", [1, 3])  # a decode step, a verify step's token and 2 drafts
 def test_each_candidate_computes_sdpas_attention(name, dtype, tokens):
+    if name == attention.NATIVE:
+        kernels.build(log=lambda _: None)  # aotpack's kernels serve the eager op
     torch.manual_seed(0)
     q = torch.randn(2, 6, tokens, 32).to(dtype)  # 6 query heads over 2 key/value heads: 3 a group
     k, v = (torch.randn(2, 2, 24, 32).to(dtype) for _ in range(2))
@@ -45,12 +48,14 @@ def test_bundles_time_their_dtypes_candidates_at_one_row_and_their_batch_and_kee
 
     model, kind = load_model(checkpoint("tiny-gemma3"), "bfloat16", "cpu")
     logged = []
-    choice = attention.choose(model, "bfloat16", "cpu", kind, 64, {}, log=logged.append, batch=4)
+    kernels.build(log=lambda _: None)
+    choice = attention.choose(model, "bfloat16", "cpu", kind, 64, {}, log=logged.append, batch=4, native_kernels=True)
     assert set(choice.us_per_call) == set(attention.KERNELS)
     assert choice.chosen == min(choice.us_per_call, key=choice.us_per_call.get) and choice.span == 64
     assert "1 row + 4 rows" in logged[0]
     fp32 = attention.choose(model, "float32", "cpu", kind, 64, {}, log=lambda _: None)
     assert set(fp32.us_per_call) == {attention.FLASH, attention.GROUPED}  # SDPA's math path is no candidate
+    # without aotpack's kernels (an export that builds none), theirs is no candidate
     named = attention.choose(model, "float32", "cpu", kind, 64, {}, kernel=attention.GROUPED)
     assert named.chosen == attention.GROUPED and named.us_per_call == {} and named.span == 0  # untimed
     assert attention.choose(model, "bfloat16", "cuda", kind, 64, {}) is None

@@ -287,6 +287,25 @@ def test_speculation_clients_count_the_tokens_delivered_within_the_window(monkey
     assert 50 < out["plain_tps"] <= 2 / 0.02 and 50 < out["drafted_tps"] <= 2 / 0.02
 
 
+def test_one_stream_and_many_are_measured_in_turn_and_the_median_round_kept(monkeypatch):
+    """The machine's speed drifts between rounds; within one it falls on both sides alike, so the streams
+    bench alternates one stream and N and keeps the round with the median gain, listing every round's."""
+    from exporter.bench import streams
+
+    rates = iter([100.0, 600.0, 150.0, 600.0, 120.0, 600.0])  # gains 6.0, 4.0, 5.0
+    calls = []
+
+    def concurrent(rt, prompts, new_tokens):
+        calls.append(len(prompts))
+        return {"streams": len(prompts), "tokens_per_s": next(rates), "itl_p50_ms": 10.0 * len(prompts)}
+
+    monkeypatch.setattr(streams, "concurrent", concurrent)
+    got = streams.side_by_side(None, list("abcdefgh"), 8)
+    assert calls == [1, 8, 1, 8, 1, 8]
+    assert got["one"]["tokens_per_s"] == 120.0 and got["many"]["tokens_per_s"] == 600.0  # the median gain, 5.0
+    assert got["rounds_gain"] == [6.0, 4.0, 5.0] and got["rounds_itl_growth"] == [8.0, 8.0, 8.0]
+
+
 def test_each_admission_is_run_a_few_times_and_the_median_kept(monkeypatch):
     """One admission's p99 is nearly its largest gap, so the streams bench runs each way of prefilling on
     distinct long prompts and keeps the admission with the median ratio, listing every one."""

@@ -492,7 +492,7 @@ def test_integer_kernels_and_their_library_go_together(manifest):
         message = "not a listed kernels.so"
     elif raw["quantization"] is not None:
         raw["quantization"] |= {"kernels": "integer", "layout": "lanes16"}
-        message = "integer kernels and `dense` lowerings need `native`"
+        message = "integer kernels, `dense` lowerings and the native decode attention need `native`"
     else:
         return
     with pytest.raises(ManifestError, match=message):
@@ -513,6 +513,20 @@ def test_dense_lowerings_and_the_kernels_library_go_together(manifest):
     for lw in lowerings:
         lw["chosen"] = "aten" if dense else "dense"
         lw["gb_per_s"], lw["spread"] = {}, {}  # untimed (--gemv aten or dense)
+    with pytest.raises(ManifestError, match="need `native`, and only they"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_the_native_decode_attention_and_the_kernels_library_go_together(manifest):
+    """A bundle whose decode attention is aotpack's kernel needs the bundle's kernels.so."""
+    raw = json.loads(manifest.to_json())
+    if raw["native"] is not None:  # the drawn bundle needs them already (integer kernels, dense lowerings)
+        raw["decode_attention"] = {"chosen": "native", "us_per_call": {}, "span": 0}
+        assert Manifest.from_json(_with_digest(raw)).decode_attention.chosen == "native"
+        return
+    raw["decode_attention"] = {"chosen": "native", "us_per_call": {"native": 3.0, "flash": 5.0}, "span": 64}
     with pytest.raises(ManifestError, match="need `native`, and only they"):
         Manifest.from_json(_with_digest(raw))
 

@@ -1,0 +1,353 @@
+// aotpack's decode attention: a few query rows per key/value head against a cache that streams from
+// memory once.
+//
+// A decode step's attention multiplies R = G * T query rows of each key/value head (G query heads a KV
+// head, T tokens a row: 1, a verify step's k + 1, a chunk's C) into the S cached keys and values of that
+// head. It is bound by reading the cache: R * S * D multiply-adds over 2 * S * D values. ATen's CPU flash
+// kernel, which the `grouped` candidate calls, runs each (row, head) through MKL's sgemm, which copies
+// (packs) every key and value block before multiplying it: 2,048 slots, 8 rows of Gemma 3 270M, a layer
+// took 570-770 us (22-29 GB/s) where its weights stream at 50-60 GB/s; and one row of one KV head is one
+// task, so at batch 1 a single thread read the whole cache.
+// Here each task is a (row, KV head, range of keys): every key is read once and multiplied into the R
+// query rows from L1, its softmax weights computed for the range, and every value is read once and added
+// into R accumulators. With fewer (row, head) pairs than twice the threads, the keys are split into ranges
+// whose partial results (each row's max, sum and weighted values) are combined after, as flash decoding
+// does. Sums are fp32 whatever the cache's dtype; a query row that sees no key (all masked) gets zeros.
+#include "quant_common.h"
+#include "shim_common.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+
+namespace aotpack {
+namespace {
+
+constexpr int64_t MIN_RANGE = 128;  // keys a split range holds at least: fewer, and combining costs more than it saves
+
+struct Strided {  // a (B, KV, S, D) or (B, 1, T, S) tensor's element strides (a mask's: b, t, s; sd unused)
+  const void* data;
+  int32_t kind;
+  int64_t sb, sh, ss, sd = 1;
+};
+
+// The widest float vector this build has: 16 lanes with AVX-512, 8 with AVX2, else 1 (plain floats).
+#if defined(__AVX512F__) && defined(AOTPACK_AVX2)
+using vec = __m512;
+constexpr int64_t L = 16;
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
+inline vec vset(float x) { return _mm512_set1_ps(x); }
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(vec v) {  // GCC 12's _mm512_reduce_add_ps warns of an uninitialized value in its own code
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+#elif defined(AOTPACK_AVX2)
+using vec = __m256;
+constexpr int64_t L = 8;
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
+inline vec vset(float x) { return _mm256_set1_ps(x); }
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(vec v) { return hsum(v); }
+#else
+using vec = float;
+constexpr int64_t L = 1;
+inline vec vload(const float* p) { return *p; }
+inline void vstore(float* p, vec v) { *p = v; }
+inline vec vset(float x) { return x; }
+inline vec vzero() { return 0.0f; }
+inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
+inline float vsum(vec v) { return v; }
+#endif
+
+// e^(x[i] - m) in place; returns their sum. 0 where x[i] is -inf (a masked score).
+#if defined(AOTPACK_AVX2)
+// e^x for 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, a degree-5 polynomial, 2^n from the
+// exponent bits), about 2 ulp; 0 below -87.3, where e^x is under FLT_MIN.
+inline __m256 exp8(__m256 x) {
+  const __m256 low = _mm256_set1_ps(-87.3f);
+  const __m256 under = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, low), _mm256_set1_ps(88.3f));
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(n)));
+}
+
+inline float exp_shifted(float* x, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float s = hsum(acc);
+  for (; i < n; i++) s += (x[i] = std::exp(x[i] - m));
+  return s;
+}
+#else
+inline float exp_shifted(float* x, int64_t n, float m) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; i++) s += (x[i] = std::exp(x[i] - m));
+  return s;
+}
+#endif
+
+// y (D) += p * x (D)
+inline void axpy(float p, const float* x, float* y, int64_t D) {
+  const vec pv = vset(p);
+  int64_t d = 0;
+  for (; d + L <= D; d += L) vstore(y + d, vfma(pv, vload(x + d), vload(y + d)));
+  for (; d < D; d++) y[d] += p * x[d];
+}
+
+// Row `s` of head (b, h) of a cache view as fp32: in place for fp32, else converted into `buffer`.
+inline const float* cached_row(const Strided& t, int64_t b, int64_t h, int64_t s, int64_t D, float* buffer) {
+  const int64_t at = b * t.sb + h * t.sh + s * t.ss;
+  if (t.kind == F32 && t.sd == 1) return static_cast<const float*>(t.data) + at;
+  for (int64_t d = 0; d < D; d++) {
+    const int64_t i = at + d * t.sd;
+    buffer[d] = t.kind == F32 ? load_as_f32<F32>(t.data, i) : t.kind == BF16 ? load_as_f32<BF16>(t.data, i) : load_as_f32<F16>(t.data, i);
+  }
+  return buffer;
+}
+
+struct Shape {
+  int64_t B, KV, R, T, S, D;
+};
+
+constexpr int64_t KEYS = 4;  // keys a query row's vector load feeds (4 independent FMA chains)
+constexpr int64_t TILE_KEYS = 32;  // values a tile holds: fp32 rows of Gemma's D = 256, 32 KB, stay in L1 across rows
+constexpr int64_t BLOCK_VECS = 4;  // vectors of one output row a value tile is added into, in registers
+
+// scores (n <= KEYS keys) of query row qr (D) against keys[0 .. n), each scaled
+inline void dots(const float* qr, const float* const* keys, int64_t n, int64_t D, float scale, float* out) {
+  vec acc[KEYS];
+  for (int64_t i = 0; i < KEYS; i++) acc[i] = vzero();
+  int64_t d = 0;
+  for (; d + L <= D; d += L) {
+    const vec qv = vload(qr + d);
+    for (int64_t i = 0; i < n; i++) acc[i] = vfma(qv, vload(keys[i] + d), acc[i]);
+  }
+  for (int64_t i = 0; i < n; i++) {
+    float s = vsum(acc[i]);
+    for (int64_t e = d; e < D; e++) s += qr[e] * keys[i][e];
+    out[i] = s * scale;
+  }
+}
+
+// o (D) += sum over the tile's n values of p[s] * values[s] (D), BLOCK_VECS vectors of o in registers at a time
+inline void weighted(const float* p, const float* const* values, int64_t n, int64_t D, float* o) {
+  int64_t d = 0;
+  for (; d + BLOCK_VECS * L <= D; d += BLOCK_VECS * L) {
+    vec acc[BLOCK_VECS];
+    for (int64_t j = 0; j < BLOCK_VECS; j++) acc[j] = vload(o + d + j * L);
+    for (int64_t s = 0; s < n; s++) {
+      if (p[s] == 0.0f) continue;  // masked: its value (possibly stale, never trusted) is not read
+      const vec pv = vset(p[s]);
+      for (int64_t j = 0; j < BLOCK_VECS; j++) acc[j] = vfma(pv, vload(values[s] + d + j * L), acc[j]);
+    }
+    for (int64_t j = 0; j < BLOCK_VECS; j++) vstore(o + d + j * L, acc[j]);
+  }
+  for (int64_t s = 0; s < n; s++)
+    if (p[s] != 0.0f)
+      for (int64_t e = d; e < D; e++) o[e] += p[s] * values[s][e];
+}
+
+// Rows [s0, s0 + n) of head (b, h) of a cache view as fp32 row pointers: in place for fp32, else
+// converted into `buffer` (n, D).
+inline void cached_rows(const Strided& t, int64_t b, int64_t h, int64_t s0, int64_t n, int64_t D,
+                        std::vector<float>& buffer, const float** rows) {
+  if (t.kind != F32 || t.sd != 1) buffer.resize(size_t(n * D));
+  for (int64_t i = 0; i < n; i++) rows[i] = cached_row(t, b, h, s0 + i, D, buffer.data() + i * D);
+}
+
+// One task: query rows q (R, D) fp32 of head (b, h) against keys [s0, s1). Writes each row's max score
+// m (R), its sum of e^(score - m) l (R) and the weighted values o (R, D) (unnormalised).
+void attend_range(const float* q, const Strided& k, const Strided& v, const Strided& mask, const Shape& n,
+                  int64_t b, int64_t h, int64_t s0, int64_t s1, float scale, float* m, float* l, float* o) {
+  const int64_t len = s1 - s0, R = n.R, D = n.D;
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  thread_local std::vector<float> scores, converted;
+  scores.resize(size_t(R * len));
+  const uint8_t* allowed = static_cast<const uint8_t*>(mask.data) + b * mask.sb;
+  const float* rows[TILE_KEYS];
+  float got[KEYS];
+  for (int64_t s = 0; s < len; s += KEYS) {
+    const int64_t c = std::min(KEYS, len - s);
+    cached_rows(k, b, h, s0 + s, c, D, converted, rows);
+    for (int64_t r = 0; r < R; r++) {
+      dots(q + r * D, rows, c, D, scale, got);
+      const uint8_t* seen = allowed + (r % n.T) * mask.sh + (s0 + s) * mask.ss;
+      for (int64_t i = 0; i < c; i++) scores[size_t(r * len + s + i)] = seen[i * mask.ss] ? got[i] : minus_inf;
+    }
+  }
+  for (int64_t r = 0; r < R; r++) {
+    float* sr = scores.data() + r * len;
+    float top = minus_inf;
+    for (int64_t s = 0; s < len; s++) top = std::max(top, sr[s]);
+    m[r] = top;
+    l[r] = top == minus_inf ? 0.0f : exp_shifted(sr, len, top);
+    if (top == minus_inf) std::fill(sr, sr + len, 0.0f);
+  }
+  std::fill(o, o + R * D, 0.0f);
+  for (int64_t s = 0; s < len; s += TILE_KEYS) {
+    const int64_t c = std::min(TILE_KEYS, len - s);
+    cached_rows(v, b, h, s0 + s, c, D, converted, rows);
+    for (int64_t r = 0; r < R; r++) weighted(scores.data() + r * len + s, rows, c, D, o + r * D);
+  }
+}
+
+// Ranges the keys of each (row, head) are split into: enough tasks for every thread twice, none shorter
+// than MIN_RANGE keys.
+int64_t ranges(const Shape& n) {
+  const int64_t pairs = n.B * n.KV, threads = omp_get_max_threads();
+  const int64_t wanted = (2 * threads + pairs - 1) / pairs;
+  return std::max<int64_t>(1, std::min(wanted, n.S / MIN_RANGE));
+}
+
+template <int Q> void from_f32(const float* x, int64_t count, void* y) {
+  for (int64_t i = 0; i < count; i++) store_from_f32<Q>(y, i, x[i]);
+}
+
+}  // namespace
+
+// q (B, KV, R, D) with strides `qs` (any: Inductor lays a custom op's inputs out as it likes) as fp32,
+// contiguous.
+template <int Q> void gather_f32(const void* q, const int64_t* qs, const Shape& n, float* y) {
+  for (int64_t b = 0, i = 0; b < n.B; b++)
+    for (int64_t h = 0; h < n.KV; h++)
+      for (int64_t r = 0; r < n.R; r++)
+        for (int64_t d = 0; d < n.D; d++, i++) y[i] = load_as_f32<Q>(q, b * qs[0] + h * qs[1] + r * qs[2] + d * qs[3]);
+}
+
+// out (B, KV, R, D), contiguous in q's dtype = softmax(scale * q k^T, masked) v for q (B, KV, R, D)
+// (strides qs), k and v (B, KV, S, D), mask (B or 1, 1, T, S) bool: query row r of a head
+// is token r % T of its row.
+int32_t decode_attention(const void* q, int32_t qkind, const int64_t* qs, const Strided& k, const Strided& v,
+                         const Strided& mask, const Shape& n, float scale, void* out) {
+  if (n.B < 0 || n.KV < 1 || n.R < 1 || n.T < 1 || n.R % n.T || n.S < 1 || n.D < 1) return BAD_SHAPE;
+  if (qkind < F32 || qkind > F16 || k.kind < F32 || k.kind > F16 || v.kind != k.kind) return BAD_DTYPE;
+  const int64_t splits = ranges(n), tasks = n.B * n.KV * splits, width = (n.S + splits - 1) / splits;
+  const int64_t per = n.R * (n.D + 2);  // a task's m (R), l (R), o (R, D)
+  std::vector<float> qf(size_t(n.B * n.KV * n.R * n.D)), parts(size_t(tasks * per)), result(qf.size());
+  if (qkind == F32) gather_f32<F32>(q, qs, n, qf.data());
+  else if (qkind == BF16) gather_f32<BF16>(q, qs, n, qf.data());
+  else gather_f32<F16>(q, qs, n, qf.data());
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tasks; t++) {
+    const int64_t pair = t / splits, split = t % splits, b = pair / n.KV, h = pair % n.KV;
+    const int64_t s0 = split * width, s1 = std::min(n.S, s0 + width);
+    float* part = parts.data() + t * per;
+    if (s0 >= s1) {  // an empty range: nothing seen
+      std::fill(part, part + n.R, -std::numeric_limits<float>::infinity());
+      std::fill(part + n.R, part + per, 0.0f);
+      continue;
+    }
+    attend_range(qf.data() + pair * n.R * n.D, k, v, mask, n, b, h, s0, s1, scale, part, part + n.R, part + 2 * n.R);
+  }
+  for (int64_t pair = 0; pair < n.B * n.KV; pair++)  // each row: its ranges' results on one scale
+    for (int64_t r = 0; r < n.R; r++) {
+      float top = -std::numeric_limits<float>::infinity(), total = 0.0f;
+      for (int64_t j = 0; j < splits; j++) top = std::max(top, parts[size_t((pair * splits + j) * per + r)]);
+      float* y = result.data() + (pair * n.R + r) * n.D;
+      std::fill(y, y + n.D, 0.0f);
+      if (top == -std::numeric_limits<float>::infinity()) continue;  // no key seen: zeros
+      for (int64_t j = 0; j < splits; j++) {
+        const float* part = parts.data() + (pair * splits + j) * per;
+        const float w = part[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(part[r] - top);
+        total += w * part[n.R + r];
+        if (w != 0.0f) axpy(w, part + 2 * n.R + r * n.D, y, n.D);
+      }
+      for (int64_t d = 0; d < n.D; d++) y[d] /= total;
+    }
+  if (qkind == F32) std::memcpy(out, result.data(), result.size() * 4);
+  else if (qkind == BF16) from_f32<BF16>(result.data(), int64_t(result.size()), out);
+  else from_f32<F16>(result.data(), int64_t(result.size()), out);
+  return OK;
+}
+
+struct Dims {  // a 4-D CPU tensor as the shim reads it
+  void* data = nullptr;
+  int32_t dtype = -1, kind = -1;
+  int64_t size[4] = {}, stride[4] = {};
+};
+
+bool dims(AtenTensorHandle t, Dims* d) {
+  int64_t dim = 0, *sizes = nullptr, *strides = nullptr;
+  int32_t device = -1;
+  if (aoti_torch_get_dim(t, &dim) || dim != 4 || aoti_torch_get_sizes(t, &sizes) || aoti_torch_get_strides(t, &strides) ||
+      aoti_torch_get_dtype(t, &d->dtype) || aoti_torch_get_data_ptr(t, &d->data) ||
+      aoti_torch_get_device_type(t, &device) || device != aoti_torch_device_type_cpu())
+    return false;
+  std::copy(sizes, sizes + 4, d->size);
+  std::copy(strides, strides + 4, d->stride);
+  if (d->dtype == aoti_torch_dtype_float32()) d->kind = F32;
+  else if (d->dtype == aoti_torch_dtype_bfloat16()) d->kind = BF16;
+  else if (d->dtype == aoti_torch_dtype_float16()) d->kind = F16;
+  return true;
+}
+
+// q (B, KV, R, D); k, v (B, KV, S, D), in one float dtype; mask (B or 1, 1, T, S)
+// bool with R a multiple of T.
+bool attention_operands(const Dims& q, const Dims& k, const Dims& v, const Dims& m, const Shape& n) {
+  const bool kv = k.kind >= 0 && v.kind == k.kind && std::equal(k.size, k.size + 4, v.size) && k.size[0] == n.B &&
+                  k.size[1] == n.KV && k.size[3] == n.D;
+  const bool mask = m.dtype == aoti_torch_dtype_bool() && (m.size[0] == n.B || m.size[0] == 1) && m.size[1] == 1 &&
+                    m.size[3] == n.S && n.T >= 1 && n.R % n.T == 0;
+  return q.kind >= 0 && kv && mask;
+}
+
+}  // namespace aotpack
+
+extern "C" {
+
+// strides in elements: q's, k's and v's (b, h, r or s, d), the mask's (b, t, s).
+int32_t aotpack_decode_attention(const void* q, int32_t qkind, const int64_t* qstrides, const void* k, const void* v, int32_t kvkind,
+                                 const int64_t* kstrides, const int64_t* vstrides, const void* mask,
+                                 const int64_t* mstrides, int64_t B, int64_t KV, int64_t R, int64_t T, int64_t S,
+                                 int64_t D, float scale, void* out) {
+  const aotpack::Strided ks{k, kvkind, kstrides[0], kstrides[1], kstrides[2], kstrides[3]};
+  const aotpack::Strided vs{v, kvkind, vstrides[0], vstrides[1], vstrides[2], vstrides[3]};
+  const aotpack::Strided ms{mask, -1, mstrides[0], mstrides[1], mstrides[2]};
+  return aotpack::decode_attention(q, qkind, qstrides, ks, vs, ms, aotpack::Shape{B, KV, R, T, S, D}, scale, out);
+}
+
+// What AOTInductor calls for aotpack::decode_attention (runtime.quant.attention): every shape, dtype and
+// stride checked here, since AOTInductor checks nothing it passes.
+AOTITorchError aoti_torch_cpu_decode_attention(AtenTensorHandle q, AtenTensorHandle k, AtenTensorHandle v,
+                                               AtenTensorHandle mask, double scale, AtenTensorHandle* ret0) {
+  aotpack::Dims qd, kd, vd, md;
+  if (!aotpack::dims(q, &qd) || !aotpack::dims(k, &kd) || !aotpack::dims(v, &vd) || !aotpack::dims(mask, &md))
+    return AOTI_TORCH_FAILURE;
+  const aotpack::Shape n{qd.size[0], qd.size[1], qd.size[2], md.size[2], kd.size[2], qd.size[3]};
+  if (!aotpack::attention_operands(qd, kd, vd, md, n)) return AOTI_TORCH_FAILURE;
+  int64_t shape[4] = {n.B, n.KV, n.R, n.D}, strides[4] = {n.KV * n.R * n.D, n.R * n.D, n.D, 1};
+  if (aoti_torch_empty_strided(4, shape, strides, qd.dtype, aoti_torch_device_type_cpu(), 0, ret0)) return AOTI_TORCH_FAILURE;
+  void* out = nullptr;
+  const aotpack::Strided ks{kd.data, kd.kind, kd.stride[0], kd.stride[1], kd.stride[2], kd.stride[3]};
+  const aotpack::Strided vs{vd.data, vd.kind, vd.stride[0], vd.stride[1], vd.stride[2], vd.stride[3]};
+  const aotpack::Strided ms{md.data, -1, md.size[0] > 1 ? md.stride[0] : 0, md.stride[2], md.stride[3]};
+  if (aoti_torch_get_data_ptr(*ret0, &out) ||
+      aotpack::decode_attention(qd.data, qd.kind, qd.stride, ks, vs, ms, n, float(scale), out) != aotpack::OK) {
+    aoti_torch_delete_tensor_object(*ret0);
+    return AOTI_TORCH_FAILURE;
+  }
+  return AOTI_TORCH_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,147 @@
+"""aotpack's decode attention (exporter/csrc/attention.cpp, runtime.quant.attention) against fp64 SDPA, on
+each instruction path this machine can run: float32, bfloat16 and float16 queries and caches, grouped query
+heads, several tokens a row (a verify or chunk step's causal masks), head sizes that are no multiple of a
+vector, one key, keys split across threads and combined, strided views of a larger cache, any strides of
+q, k and v, a mask shared by the batch; a row that sees no key, stale NaNs in masked slots, and operands it
+refuses. The decode graphs' parity with it is the bundle tier's (tests/bundle/test_attention.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exporter import attention, kernels
+from runtime.cpu import KERNEL_ISA_FLAGS, cpu_flags
+from runtime.quant import attention as op
+from runtime.quant import native
+
+PATHS = ("scalar", "avx2", "avx512-vnni")
+# (B, KV heads, query heads a KV head, tokens a row, keys, head size)
+SHAPES = [
+    (1, 1, 4, 1, 97, 256),  # Gemma 3 270M, one row
+    (8, 1, 4, 1, 300, 256),  # 8 rows
+    (1, 1, 4, 1, 1000, 64),  # one row, keys split across threads
+    (3, 2, 2, 1, 5, 16),
+    (2, 1, 4, 3, 130, 24),  # a verify step: 3 tokens a row
+    (2, 2, 1, 1, 1, 8),  # one key
+    (1, 1, 1, 1, 300, 7),  # a head size no vector divides
+    (1, 3, 2, 16, 40, 32),  # a chunk step: 16 tokens
+]
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+CLOSE = {"atol": 2e-6, "rtol": 1e-5}  # float32 against fp64
+
+
+@pytest.fixture(scope="module", params=PATHS)
+def lib(request):
+    missing = KERNEL_ISA_FLAGS[request.param] - (cpu_flags() or set())
+    if missing:
+        pytest.skip(f"the {request.param} path needs CPU flags {sorted(missing)}, which this machine lacks")
+    return kernels.build(isa_override=request.param, log=lambda _: None, serve=False).library
+
+
+def _operands(b, kv, g, t, s, d, qtype, ktype, seed=0):
+    """q (B, KV, G*T, D); k, v views of a (B, KV, s + 9, D) cache's first s slots; a causal-like bool mask
+    (B, 1, T, S): token j of a row sees keys up to s - t + j, less some random padding (key 0 always)."""
+    g_ = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, kv, g * t, d, generator=g_).to(qtype)
+    cache_k, cache_v = (torch.randn(b, kv, s + 9, d, generator=g_).to(ktype) for _ in range(2))
+    mask = torch.rand(b, 1, t, s, generator=g_) > 0.2
+    mask &= torch.arange(s)[None, None, None] <= (s - t + torch.arange(t))[None, None, :, None]
+    mask[..., 0] = True
+    return q, cache_k[:, :, :s], cache_v[:, :, :s], mask
+
+
+def _reference(q, k, v, mask, scale):
+    """fp64 SDPA with query row r of a head being token r % T (runtime.quant.attention's layout)."""
+    t = mask.shape[2]
+    rows = mask.repeat(1, 1, q.shape[2] // t, 1)  # (B, 1, R, S): row r -> token r % T
+    scores = (q.double() @ k.double().transpose(-1, -2)) * scale
+    return scores.masked_fill(~rows, float("-inf")).softmax(-1) @ v.double()  # (B, KV, R, D)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("ktype", DTYPES)
+@pytest.mark.parametrize("qtype", DTYPES)
+def test_decode_attention_matches_fp64(lib, shape, qtype, ktype):
+    q, k, v, mask = _operands(*shape, qtype, ktype, seed=sum(shape))
+    scale = shape[-1] ** -0.5
+    out = native.decode_attention(q, k, v, mask, scale, lib)
+    assert out.dtype == qtype and out.shape == q.shape and out.is_contiguous()
+    expected = _reference(q, k, v, mask, scale)
+    tolerance = max(TOLERANCE[qtype], TOLERANCE[ktype])
+    assert (out.double() - expected).abs().max().item() < tolerance
+
+
+def test_a_mask_shared_by_the_rows_and_a_row_that_sees_nothing(lib):
+    q, k, v, mask = _operands(4, 1, 4, 1, 50, 32, torch.float32, torch.float32)
+    shared = mask[:1]  # (1, 1, 1, S): every row the same
+    torch.testing.assert_close(
+        native.decode_attention(q, k, v, shared, 0.2, lib).double(),
+        _reference(q, k, v, shared.expand(4, -1, -1, -1), 0.2),
+        **CLOSE,
+    )
+    blind = mask.clone()
+    blind[2] = False  # row 2 sees no key: zeros (a softmax over nothing), the others unchanged
+    out = native.decode_attention(q, k, v, blind, 0.2, lib)
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    torch.testing.assert_close(out[[0, 1, 3]].double(), _reference(q, k, v, mask, 0.2)[[0, 1, 3]], **CLOSE)
+
+
+def test_stale_nans_in_masked_slots_are_never_read(lib):
+    """A slot no row attends to may hold anything (a cancelled request's, a failed one's): masked, its key
+    and value must not reach the output, where 0 * NaN would poison it."""
+    q, k, v, mask = _operands(2, 1, 4, 1, 200, 64, torch.float32, torch.float32)
+    k, v = k.clone(), v.clone()
+    hidden = ~mask[:, 0, 0]  # (B, S)
+    k[hidden.nonzero(as_tuple=True)[0], :, hidden.nonzero(as_tuple=True)[1]] = float("nan")
+    v[hidden.nonzero(as_tuple=True)[0], :, hidden.nonzero(as_tuple=True)[1]] = float("nan")
+    out = native.decode_attention(q, k, v, mask, 0.125, lib)
+    assert not out.isnan().any()
+    k0, v0 = torch.nan_to_num(k), torch.nan_to_num(v)
+    torch.testing.assert_close(out.double(), _reference(q, k0, v0, mask, 0.125), **CLOSE)
+
+
+def test_any_strides_of_q_k_and_v(lib):
+    """Inductor lays a custom op's inputs out as it likes (a decode graph handed q with the batch innermost),
+    and a cache view may have its head size strided: the kernel reads every layout."""
+    q, k, v, mask = _operands(3, 2, 2, 1, 40, 24, torch.float32, torch.float32, seed=9)
+    odd_q = q.permute(3, 2, 1, 0).contiguous().permute(3, 2, 1, 0)  # (B, KV, R, D), batch innermost
+    odd_k = k.transpose(2, 3).contiguous().transpose(2, 3)  # D strided by S
+    assert odd_q.stride(0) == 1 and odd_k.stride(3) != 1
+    expected = native.decode_attention(q, k, v, mask, 0.2, lib)
+    assert torch.equal(native.decode_attention(odd_q, odd_k, v, mask, 0.2, lib), expected)
+    assert torch.equal(native.decode_attention(q, k.bfloat16(), v.bfloat16(), mask, 0.2, lib),
+                       native.decode_attention(q, odd_k.bfloat16(), v.bfloat16(), mask, 0.2, lib))  # fmt: skip
+
+
+def test_the_op_refuses_operands_it_cannot_take():
+    kernels.build(log=lambda _: None)  # serves the eager op
+    q, k, v, mask = _operands(2, 1, 4, 1, 16, 8, torch.float32, torch.float32)
+    assert op.OP(q, k, v, mask, 0.3).shape == q.shape
+    with pytest.raises(ValueError, match="bool mask"):
+        native.decode_attention(q, k, v, mask.float(), 0.3)
+    with pytest.raises(ValueError, match="bool mask"):
+        native.decode_attention(q, k, v.half(), mask, 0.3)
+    with pytest.raises(ValueError, match="bool mask"):
+        native.decode_attention(q[:, :, :3], k, v, mask.expand(-1, -1, 2, -1), 0.3)  # T = 2 does not divide R = 3
+
+
+def test_the_native_candidate_computes_what_grouped_does():
+    """exporter.attention.native takes transformers' attention call (query heads, boolean SDPA mask) and
+    gives what the grouped flash candidate gives; an additive mask goes through grouped itself."""
+    kernels.build(log=lambda _: None)
+    g = torch.Generator().manual_seed(3)
+    query = torch.randn(2, 4, 3, 16, generator=g)  # (B, H, T, D): 2 KV heads of 2 query heads
+    key, value = torch.randn(2, 2, 30, 16, generator=g), torch.randn(2, 2, 30, 16, generator=g)
+    mask = torch.rand(2, 1, 3, 30, generator=g) > 0.3
+    mask[..., 0] = True
+    ours, _ = attention.native(None, query, key, value, mask, scaling=0.25)
+    theirs, _ = attention.grouped(None, query, key, value, mask, scaling=0.25)
+    assert ours.shape == theirs.shape == (2, 3, 4, 16)
+    torch.testing.assert_close(ours, theirs, atol=2e-6, rtol=1e-5)
+    additive = attention._additive(mask, torch.float32)
+    assert torch.equal(
+        attention.native(None, query, key, value, additive, scaling=0.25)[0],
+        attention.grouped(None, query, key, value, additive, scaling=0.25)[0],
+    )
