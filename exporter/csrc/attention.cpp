@@ -244,40 +244,47 @@ int32_t decode_attention(const void* q, int32_t qkind, const int64_t* qs, const 
   if (qkind < F32 || qkind > F16 || k.kind < F32 || k.kind > F16 || v.kind != k.kind) return BAD_DTYPE;
   const int64_t splits = ranges(n), tasks = n.B * n.KV * splits, width = (n.S + splits - 1) / splits;
   const int64_t per = n.R * (n.D + 2);  // a task's m (R), l (R), o (R, D)
-  std::vector<float> qf(size_t(n.B * n.KV * n.R * n.D)), parts(size_t(tasks * per)), result(qf.size());
-  if (qkind == F32) gather_f32<F32>(q, qs, n, qf.data());
-  else if (qkind == BF16) gather_f32<BF16>(q, qs, n, qf.data());
-  else gather_f32<F16>(q, qs, n, qf.data());
+  // the calling thread's buffers (a decode step calls this once a layer), reached through pointers: a
+  // thread_local named inside the parallel loop would be each worker's own, empty one
+  thread_local std::vector<float> q_buffer, parts_buffer, result_buffer;
+  q_buffer.resize(size_t(n.B * n.KV * n.R * n.D));
+  parts_buffer.resize(size_t(tasks * per));
+  result_buffer.resize(q_buffer.size());
+  float *const qf = q_buffer.data(), *const parts = parts_buffer.data(), *const result = result_buffer.data();
+  const size_t count = q_buffer.size();
+  if (qkind == F32) gather_f32<F32>(q, qs, n, qf);
+  else if (qkind == BF16) gather_f32<BF16>(q, qs, n, qf);
+  else gather_f32<F16>(q, qs, n, qf);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tasks; t++) {
     const int64_t pair = t / splits, split = t % splits, b = pair / n.KV, h = pair % n.KV;
     const int64_t s0 = split * width, s1 = std::min(n.S, s0 + width);
-    float* part = parts.data() + t * per;
+    float* part = parts + t * per;
     if (s0 >= s1) {  // an empty range: nothing seen
       std::fill(part, part + n.R, -std::numeric_limits<float>::infinity());
       std::fill(part + n.R, part + per, 0.0f);
       continue;
     }
-    attend_range(qf.data() + pair * n.R * n.D, k, v, mask, n, b, h, s0, s1, scale, part, part + n.R, part + 2 * n.R);
+    attend_range(qf + pair * n.R * n.D, k, v, mask, n, b, h, s0, s1, scale, part, part + n.R, part + 2 * n.R);
   }
   for (int64_t pair = 0; pair < n.B * n.KV; pair++)  // each row: its ranges' results on one scale
     for (int64_t r = 0; r < n.R; r++) {
       float top = -std::numeric_limits<float>::infinity(), total = 0.0f;
-      for (int64_t j = 0; j < splits; j++) top = std::max(top, parts[size_t((pair * splits + j) * per + r)]);
-      float* y = result.data() + (pair * n.R + r) * n.D;
+      for (int64_t j = 0; j < splits; j++) top = std::max(top, parts[(pair * splits + j) * per + r]);
+      float* y = result + (pair * n.R + r) * n.D;
       std::fill(y, y + n.D, 0.0f);
       if (top == -std::numeric_limits<float>::infinity()) continue;  // no key seen: zeros
       for (int64_t j = 0; j < splits; j++) {
-        const float* part = parts.data() + (pair * splits + j) * per;
+        const float* part = parts + (pair * splits + j) * per;
         const float w = part[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(part[r] - top);
         total += w * part[n.R + r];
         if (w != 0.0f) axpy(w, part + 2 * n.R + r * n.D, y, n.D);
       }
       for (int64_t d = 0; d < n.D; d++) y[d] /= total;
     }
-  if (qkind == F32) std::memcpy(out, result.data(), result.size() * 4);
-  else if (qkind == BF16) from_f32<BF16>(result.data(), int64_t(result.size()), out);
-  else from_f32<F16>(result.data(), int64_t(result.size()), out);
+  if (qkind == F32) std::memcpy(out, result, count * 4);
+  else if (qkind == BF16) from_f32<BF16>(result, int64_t(count), out);
+  else from_f32<F16>(result, int64_t(count), out);
   return OK;
 }
 

@@ -3,7 +3,7 @@ each instruction path this machine can run: float32, bfloat16 and float16 querie
 heads, several tokens a row (a verify or chunk step's causal masks), head sizes that are no multiple of a
 vector, one key, keys split across threads and combined, strided views of a larger cache, any strides of
 q, k and v, a mask shared by the batch; a row that sees no key, stale NaNs in masked slots, and operands it
-refuses. The decode graphs' parity with it is the bundle tier's (tests/bundle/test_attention.py)."""
+refuses. The decode graphs' parity with it is the bundle tier's (tests/bundle/test_native_attention.py)."""
 
 from __future__ import annotations
 

@@ -64,16 +64,16 @@ def test_special_tokens_are_read_from_what_transformers_sets():
     assert all(hasattr(config, name) for name in compat.SET_BY_TRANSFORMERS)
 
 
-@pytest.mark.parametrize("kernel", ["flash", "grouped"])
+@pytest.mark.parametrize("kernel", ["flash", "grouped", "native"])
 @pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-llama"])
 def test_decode_attention_is_the_chosen_kernel_with_a_dynamic_batch(checkpoint, name, kernel):
     """Traced with a dynamic batch, SDPA fell to its math path (Inductor loops: a batch-8 bundle's step
     took 2x a batch-1 bundle's at batch 1). The decode graph calls the chosen kernel instead (the flash
-    kernel itself, or the grouped matmuls), computes what SDPA computes, and the model's attention
-    implementation is restored after the trace."""
+    kernel itself, with the model's heads or grouped, or aotpack's), computes what SDPA computes, and the
+    model's attention implementation is restored after the trace."""
     import torch
 
-    from exporter import attention
+    from exporter import attention, kernels
     from exporter.compile import example_inputs, export_decode
     from exporter.model import cache_layout, decode_module, load_model
     from runtime.format.contract import DecodeContract
@@ -85,6 +85,8 @@ def test_decode_attention_is_the_chosen_kernel_with_a_dynamic_batch(checkpoint, 
     inputs = example_inputs(contract)
     for t in inputs[4:]:
         t.normal_()
+    if kernel == "native":
+        kernels.build(log=lambda _: None)  # serves the eager op
     with torch.inference_mode():
         expected = step(*inputs)
         with attention.installed(model, DecodeAttention(kernel, {}, 0)):
@@ -92,6 +94,11 @@ def test_decode_attention_is_the_chosen_kernel_with_a_dynamic_batch(checkpoint, 
             exported = export_decode(step, contract)
     assert compat.attention_implementation(model.config) == "sdpa"
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    if kernel == "native":
+        calls = [n for n in exported.graph.nodes if "aotpack.decode_attention" in str(n.target)]
+        assert len(calls) == len(layout)
+        assert not [n for n in exported.graph.nodes if "flash_attention" in str(n.target)]
+        return
     flash = [n for n in exported.graph.nodes if "_scaled_dot_product_flash_attention_for_cpu" in str(n.target)]
     assert len(flash) == len(layout)
     # grouped: each call's query heads are the key/value heads (their query heads are its rows)
