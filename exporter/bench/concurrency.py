@@ -92,7 +92,8 @@ def markdown(results: dict) -> str:
         f"# aotpack continuous batching: {cfg['model']}, {results['variant']}",
         "",
         f"{machine_['cpu']} ({', '.join(machine_['isa'])}), {cfg['threads']} threads, torch {machine_['torch']}; "
-        f"bundle with {m['rows']} cache rows built in {results['build_s']:.0f} s; prompts of {cfg['prompt_len']} "
+        f"bundle with {m['rows']} cache rows{_attention(m)} built in {results['build_s']:.0f} s; "
+        f"prompts of {cfg['prompt_len']} "
         f"tokens, {cfg['new_tokens']} new tokens each. Token times are the engine's own.",
         "",
         f"Each decode graph called directly, all its rows at context {cfg['prompt_len'] + cfg['new_tokens'] // 2} "
@@ -123,6 +124,10 @@ def markdown(results: dict) -> str:
         *(f"| {label} | {f[key]:.2f}× | {verdict_of(f[key], bound)} |" for label, key, bound in TARGETS),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _attention(m: dict) -> str:
+    return f" and the {m['decode_attention']} decode attention" if m.get("decode_attention") else ""
 
 
 def _rounds(m: dict) -> list[str]:

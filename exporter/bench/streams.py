@@ -136,6 +136,7 @@ def measure(args) -> dict:
         "dtype": rt.manifest.dtype,
         "quantization": rt.manifest.quantization.method if rt.manifest.quantization else None,
         "rows": rt.manifest.batch_size,
+        "decode_attention": rt.manifest.decode_attention.chosen if rt.manifest.decode_attention else None,
         "max_cache_len": rt.manifest.max_cache_len,
         "graphs": graph_steps(rt, args.prompt_len + args.new_tokens // 2),
         **side_by_side(rt, prompts, args.new_tokens),
