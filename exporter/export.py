@@ -81,7 +81,8 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
             ref = reference(float32, tokenizer)
     del float32
     quantization, family = _quantize(config, model, plan, progress) if plan else (None, None)
-    native = family.built if family else _float_kernels(config, progress)
+    integer = quantization is not None and quantization.kernels == INTEGER
+    native = family.built if integer else _float_kernels(config, progress)  # Inductor's family: as float graphs
     layout = cache_layout(model, config.max_cache_len, config.speculate, config.chunk_graph)
     step = decode_module(model, layout)
     contract = DecodeContract(
@@ -91,7 +92,7 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     options = inductor_options(config.device, config.cpu_isa, contract, None, quantization)
     kernel = _attention(model, config, attention, options, progress, native is not None)
     graphs, package = _compile_graphs(config, model, step, contract, kernel, quantization, native, progress, staging)
-    if family is None and not _calls_kernels((lw for g in graphs for lw in g.lowerings), kernel):
+    if not integer and not _calls_kernels((lw for g in graphs for lw in g.lowerings), kernel):
         native = None  # no graph calls the kernels: the bundle goes without them
     with stage("write", "writing weights, tokenizer and configs"):
         aliases = write_model(model, preprocessor, staging, defaults)
@@ -116,7 +117,8 @@ def _compile_graphs(config, model, step, contract, kernel, quantization, native,
     chunk graph, compiled in turn (each C++ compile already uses every core) and packaged into one
     decode.pt2; returns (the graphs' manifest entries, the package)."""
     graphs, files = [], {}
-    record = native.record if native and quantization else None  # float graphs link them if they call them
+    integer = quantization is not None and quantization.kernels == INTEGER
+    record = native.record if native and integer else None  # other graphs link them if they call them
     shapes = [(b, 1, False) for b in config.buckets]
     shapes += [(b, config.speculate + 1, False) for b in config.buckets if config.speculate]
     shapes += [(1, config.chunk_graph, True)] if config.chunk_graph else []
@@ -249,8 +251,9 @@ def _lowerings(config: ExportConfig, shapes, options: dict, batch: int, progress
 
 
 def _float_kernels(config: ExportConfig, progress: Progress):
-    """aotpack's kernels for a float CPU export whose graphs may choose the `dense` GEMM or the native
-    decode attention, else None."""
+    """aotpack's kernels for a CPU export without the integer family (float weights, or Inductor's
+    dequantizing kernels) whose graphs may choose the `dense` GEMM or the native decode attention, else
+    None."""
     attention = config.decode_attention in ("auto", decode_attention.NATIVE)
     if config.device != "cpu" or (config.gemv not in ("tune", DENSE) and not attention):
         return None

@@ -12,7 +12,8 @@
 // query rows from L1, its softmax weights computed for the range, and every value is read once and added
 // into R accumulators. With fewer (row, head) pairs than twice the threads, the keys are split into ranges
 // whose partial results (each row's max, sum and weighted values) are combined after, as flash decoding
-// does. Sums are fp32 whatever the cache's dtype; a query row that sees no key (all masked) gets zeros.
+// does. Sums are fp32 whatever the cache's dtype; a query row that sees no key (all masked) gets zeros, and
+// a masked slot's key and value never reach the output, whatever they hold (a stale NaN included).
 #include "quant_common.h"
 #include "shim_common.h"
 
@@ -67,11 +68,12 @@ inline float vsum(vec v) { return v; }
 // e^(x[i] - m) in place; returns their sum. 0 where x[i] is -inf (a masked score).
 #if defined(AOTPACK_AVX2)
 // e^x for 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, a degree-5 polynomial, 2^n from the
-// exponent bits), about 2 ulp; 0 below -87.3, where e^x is under FLT_MIN.
+// exponent bits), about 2 ulp; 0 below -87.3, where e^x is under FLT_MIN; NaN stays NaN (max and min
+// return their second operand when either is NaN).
 inline __m256 exp8(__m256 x) {
   const __m256 low = _mm256_set1_ps(-87.3f);
   const __m256 under = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, low), _mm256_set1_ps(88.3f));
+  x = _mm256_min_ps(_mm256_set1_ps(88.3f), _mm256_max_ps(low, x));
   __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
   x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
   x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
@@ -106,6 +108,10 @@ inline float exp_shifted(float* x, int64_t n, float m) {
   return s;
 }
 #endif
+
+// The larger of a and b, NaN if either is (std::max keeps a when b is NaN): a NaN score (a NaN in q or in
+// a key seen) makes its row NaN, as SDPA's would be, on every instruction path.
+inline float nan_max(float a, float b) { return (b > a || b != b) ? b : a; }
 
 // y (D) += p * x (D)
 inline void axpy(float p, const float* x, float* y, int64_t D) {
@@ -199,7 +205,7 @@ void attend_range(const float* q, const Strided& k, const Strided& v, const Stri
   for (int64_t r = 0; r < R; r++) {
     float* sr = scores.data() + r * len;
     float top = minus_inf;
-    for (int64_t s = 0; s < len; s++) top = std::max(top, sr[s]);
+    for (int64_t s = 0; s < len; s++) top = nan_max(top, sr[s]);
     m[r] = top;
     l[r] = top == minus_inf ? 0.0f : exp_shifted(sr, len, top);
     if (top == minus_inf) std::fill(sr, sr + len, 0.0f);
@@ -241,6 +247,7 @@ template <int Q> void gather_f32(const void* q, const int64_t* qs, const Shape& 
 int32_t decode_attention(const void* q, int32_t qkind, const int64_t* qs, const Strided& k, const Strided& v,
                          const Strided& mask, const Shape& n, float scale, void* out) {
   if (n.B < 0 || n.KV < 1 || n.R < 1 || n.T < 1 || n.R % n.T || n.S < 1 || n.D < 1) return BAD_SHAPE;
+  if (n.B == 0) return OK;  // nothing to compute (and no (row, head) pair to share the threads among)
   if (qkind < F32 || qkind > F16 || k.kind < F32 || k.kind > F16 || v.kind != k.kind) return BAD_DTYPE;
   const int64_t splits = ranges(n), tasks = n.B * n.KV * splits, width = (n.S + splits - 1) / splits;
   const int64_t per = n.R * (n.D + 2);  // a task's m (R), l (R), o (R, D)
@@ -270,7 +277,7 @@ int32_t decode_attention(const void* q, int32_t qkind, const int64_t* qs, const 
   for (int64_t pair = 0; pair < n.B * n.KV; pair++)  // each row: its ranges' results on one scale
     for (int64_t r = 0; r < n.R; r++) {
       float top = -std::numeric_limits<float>::infinity(), total = 0.0f;
-      for (int64_t j = 0; j < splits; j++) top = std::max(top, parts[(pair * splits + j) * per + r]);
+      for (int64_t j = 0; j < splits; j++) top = nan_max(top, parts[(pair * splits + j) * per + r]);
       float* y = result + (pair * n.R + r) * n.D;
       std::fill(y, y + n.D, 0.0f);
       if (top == -std::numeric_limits<float>::infinity()) continue;  // no key seen: zeros

@@ -27,11 +27,11 @@ QUANTIZED = {  # preset -> export options: both methods, both kernel families, t
     "tiny-llama": ("--quantize", "int8", "--quant-kernels", "integer"),
     # the tiny models' width (64) is not a multiple of 256: `mixed` would hold every layer at int8
     "tiny-gemma3": ("--quantize", "int4", "--quant-kernels", "integer", "--recipe", "sensitive"),
-    # Inductor's kernels; one graph for all 4 rows, where the float VLM bundle has two: an int4 graph
-    # compiles in about 2 min
+    # Inductor's kernels, with aotpack's native decode attention (the bundle then carries kernels.so for it
+    # alone); one graph for all 4 rows, where the float VLM bundle has two: an int4 graph compiles in about 2 min
     "tiny-gemma3-vlm": (
         "--quantize", "int4", "--group-size", "64", "--batch-buckets", "4", "--quant-kernels", "inductor",
-        "--recipe", "uniform",
+        "--recipe", "uniform", "--decode-attention", "native",
     ),
 }  # fmt: skip
 CONVERSATION = [[{"role": "user", "content": "Why is the sky blue?"}]]
@@ -64,7 +64,9 @@ def test_quantized_bundle_matches_its_eager_model(name, runtime):
     q = rt.manifest.quantization
     assert q.method == QUANTIZED[name][1] and len(q.linears) > 0 and q.embedding is not None
     assert q.kernels == QUANTIZED[name][QUANTIZED[name].index("--quant-kernels") + 1]
-    assert (rt.manifest.native is not None) == (q.kernels == "integer")
+    native_attention = rt.manifest.decode_attention is not None and rt.manifest.decode_attention.chosen == "native"
+    assert (rt.manifest.native is not None) == (q.kernels == "integer" or native_attention)
+    assert native_attention or "native" not in QUANTIZED[name]  # named: taken (Inductor's family too)
     assert all(isinstance(rt.model.get_submodule(path), QuantizedLinear) for path in q.linears)
     inputs = chat(rt, CONVERSATION)
     assert_parity(rt, rt.model, inputs, new_tokens=40)

@@ -26,6 +26,7 @@ SHAPES = [
     (2, 2, 1, 1, 1, 8),  # one key
     (1, 1, 1, 1, 300, 7),  # a head size no vector divides
     (1, 3, 2, 16, 40, 32),  # a chunk step: 16 tokens
+    (1, 1, 4, 3, 700, 32),  # a verify step's 3 tokens over keys split across threads
 ]
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 4e-3}
@@ -88,6 +89,32 @@ def test_a_mask_shared_by_the_rows_and_a_row_that_sees_nothing(lib):
     torch.testing.assert_close(out[[0, 1, 3]].double(), _reference(q, k, v, mask, 0.2)[[0, 1, 3]], **CLOSE)
 
 
+def test_a_row_that_sees_nothing_while_the_keys_are_split(lib):
+    """One row's keys are split into ranges (fewer (row, head) pairs than threads twice); a row whose
+    every range is masked combines to zeros, the other rows as fp64 says."""
+    q, k, v, mask = _operands(2, 1, 2, 2, 600, 16, torch.float32, torch.float32, seed=4)
+    mask[1, :, 1] = False  # token 1 of row 1: nothing
+    out = native.decode_attention(q, k, v, mask, 0.3, lib)  # (2, 1, 4, 16): rows g * 2 + t
+    assert torch.equal(out[1, :, 1::2], torch.zeros_like(out[1, :, 1::2]))
+    expected = _reference(q, k, v, mask, 0.3)
+    torch.testing.assert_close(out[0].double(), expected[0], **CLOSE)
+    torch.testing.assert_close(out[1, :, 0::2].double(), expected[1, :, 0::2], **CLOSE)
+
+
+def test_no_rows(lib):
+    q, k, v, mask = _operands(0, 1, 4, 1, 20, 16, torch.float32, torch.float32)
+    assert native.decode_attention(q, k, v, mask, 0.3, lib).shape == (0, 1, 4, 16)
+
+
+def test_a_nan_in_a_key_a_row_sees_makes_that_row_nan_on_every_path(lib):
+    """As SDPA: corrupt inputs show as NaN (each path's exp and max keep NaN), only in the rows that see them."""
+    q, k, v, mask = _operands(3, 1, 4, 1, 300, 32, torch.float32, torch.float32, seed=2)
+    k = k.clone()
+    k[1, 0, 0] = float("nan")  # key 0: every row sees it
+    out = native.decode_attention(q, k, v, mask, 0.2, lib)
+    assert out[1].isnan().all() and not out[[0, 2]].isnan().any()
+
+
 def test_stale_nans_in_masked_slots_are_never_read(lib):
     """A slot no row attends to may hold anything (a cancelled request's, a failed one's): masked, its key
     and value must not reach the output, where 0 * NaN would poison it."""
@@ -107,12 +134,21 @@ def test_any_strides_of_q_k_and_v(lib):
     and a cache view may have its head size strided: the kernel reads every layout."""
     q, k, v, mask = _operands(3, 2, 2, 1, 40, 24, torch.float32, torch.float32, seed=9)
     odd_q = q.permute(3, 2, 1, 0).contiguous().permute(3, 2, 1, 0)  # (B, KV, R, D), batch innermost
-    odd_k = k.transpose(2, 3).contiguous().transpose(2, 3)  # D strided by S
+    odd_k, odd_v = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (k, v))  # D strided by S
     assert odd_q.stride(0) == 1 and odd_k.stride(3) != 1
     expected = native.decode_attention(q, k, v, mask, 0.2, lib)
-    assert torch.equal(native.decode_attention(odd_q, odd_k, v, mask, 0.2, lib), expected)
+    assert torch.equal(native.decode_attention(odd_q, odd_k, odd_v, mask, 0.2, lib), expected)
     assert torch.equal(native.decode_attention(q, k.bfloat16(), v.bfloat16(), mask, 0.2, lib),
                        native.decode_attention(q, odd_k.bfloat16(), v.bfloat16(), mask, 0.2, lib))  # fmt: skip
+
+
+def test_a_strided_mask_of_several_tokens(lib):
+    q, k, v, mask = _operands(2, 2, 2, 3, 50, 16, torch.float32, torch.float32, seed=6)
+    odd = mask.transpose(2, 3).contiguous().transpose(2, 3)  # (B, 1, T, S), S strided by T
+    assert odd.stride(3) == 3
+    assert torch.equal(
+        native.decode_attention(q, k, v, odd, 0.2, lib), native.decode_attention(q, k, v, mask, 0.2, lib)
+    )
 
 
 def test_the_op_refuses_operands_it_cannot_take():
@@ -140,6 +176,8 @@ def test_the_native_candidate_computes_what_grouped_does():
     theirs, _ = attention.grouped(None, query, key, value, mask, scaling=0.25)
     assert ours.shape == theirs.shape == (2, 3, 4, 16)
     torch.testing.assert_close(ours, theirs, atol=2e-6, rtol=1e-5)
+    unmasked = attention.grouped(None, query, key, value, None, scaling=0.25)[0]
+    assert torch.equal(attention.native(None, query, key, value, None, scaling=0.25)[0], unmasked)  # grouped's
     additive = attention._additive(mask, torch.float32)
     assert torch.equal(
         attention.native(None, query, key, value, additive, scaling=0.25)[0],
