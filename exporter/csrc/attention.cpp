@@ -26,6 +26,10 @@ namespace aotpack {
 namespace {
 
 constexpr int64_t MIN_RANGE = 128;  // keys a split range holds at least: fewer, and combining costs more than it saves
+// keys a range holds at most: a task keeps R scores a key of its range (thread_local, kept between calls), so
+// this bounds a thread's scores at R * MAX_RANGE floats whatever the cache (a 16-token chunk of 4 query heads
+// a KV head: 512 KB), and a range's scores stay in L2 between the keys' pass and the values'
+constexpr int64_t MAX_RANGE = 2048;
 
 struct Strided {  // a (B, KV, S, D) or (B, 1, T, S) tensor's element strides (a mask's: b, t, s; sd unused)
   const void* data;
@@ -219,11 +223,11 @@ void attend_range(const float* q, const Strided& k, const Strided& v, const Stri
 }
 
 // Ranges the keys of each (row, head) are split into: enough tasks for every thread twice, none shorter
-// than MIN_RANGE keys.
+// than MIN_RANGE keys, none longer than MAX_RANGE.
 int64_t ranges(const Shape& n) {
   const int64_t pairs = n.B * n.KV, threads = omp_get_max_threads();
   const int64_t wanted = (2 * threads + pairs - 1) / pairs;
-  return std::max<int64_t>(1, std::min(wanted, n.S / MIN_RANGE));
+  return std::max<int64_t>({1, (n.S + MAX_RANGE - 1) / MAX_RANGE, std::min(wanted, n.S / MIN_RANGE)});
 }
 
 template <int Q> void from_f32(const float* x, int64_t count, void* y) {

@@ -1,14 +1,18 @@
 """aotpack's decode attention (exporter/csrc/attention.cpp, runtime.quant.attention) against fp64 SDPA, on
 each instruction path this machine can run: float32, bfloat16 and float16 queries and caches, grouped query
 heads, several tokens a row (a verify or chunk step's causal masks), head sizes that are no multiple of a
-vector, one key, keys split across threads and combined, strided views of a larger cache, any strides of
-q, k and v, a mask shared by the batch; a row that sees no key, stale NaNs in masked slots, and operands it
-refuses. The decode graphs' parity with it is the bundle tier's (tests/bundle/test_native_attention.py)."""
+vector, one key, keys split across threads and combined, keys split past a range's largest, strided views of
+a larger cache, any strides of q, k and v, a mask shared by the batch; a row that sees no key, stale NaNs in
+masked slots, and operands it refuses, through the Python wrapper and through the C shim a compiled graph
+calls. The decode graphs' parity with it is the bundle tier's (tests/bundle/test_native_attention.py)."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
+from torch._C import _aoti as aoti
 
 from exporter import attention, kernels
 from runtime.cpu import KERNEL_ISA_FLAGS, cpu_flags
@@ -27,6 +31,7 @@ SHAPES = [
     (1, 1, 1, 1, 300, 7),  # a head size no vector divides
     (1, 3, 2, 16, 40, 32),  # a chunk step: 16 tokens
     (1, 1, 4, 3, 700, 32),  # a verify step's 3 tokens over keys split across threads
+    (8, 2, 4, 1, 2348, 16),  # pairs enough for the threads, more keys than a range holds: split all the same
 ]
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 4e-3}
@@ -183,3 +188,46 @@ def test_the_native_candidate_computes_what_grouped_does():
         attention.native(None, query, key, value, additive, scaling=0.25)[0],
         attention.grouped(None, query, key, value, additive, scaling=0.25)[0],
     )
+
+
+def _shim(lib, q, k, v, mask, scale: float = 0.3):
+    """aoti_torch_cpu_decode_attention called as a compiled graph calls it, with handles to these tensors
+    (torch's own, as its AOTInductor runner makes them): (its status, the output it made or None)."""
+    fn = lib._lib.aoti_torch_cpu_decode_attention
+    fn.restype, fn.argtypes = ctypes.c_int32, [ctypes.c_void_p] * 4 + [ctypes.c_double, ctypes.POINTER(ctypes.c_void_p)]
+    capsules = [aoti.unsafe_alloc_void_ptr_from_tensor(t) for t in (q, k, v, mask)]
+    made = ctypes.c_void_p()
+    try:
+        status = fn(*(_CAPSULE_POINTER(c, None) for c in capsules), scale, ctypes.byref(made))
+    finally:
+        for capsule in capsules:  # taken back, so freed
+            aoti.alloc_tensor_by_stealing_from_void_ptr(capsule)
+    return status, aoti.alloc_tensor_by_stealing_from_void_ptr(_NEW_CAPSULE(made, None, None)) if status == 0 else None
+
+
+_CAPSULE_POINTER = ctypes.pythonapi.PyCapsule_GetPointer
+_CAPSULE_POINTER.restype, _CAPSULE_POINTER.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+_NEW_CAPSULE = ctypes.pythonapi.PyCapsule_New
+_NEW_CAPSULE.restype, _NEW_CAPSULE.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def test_the_c_shim_refuses_what_it_cannot_take_and_computes_the_rest(lib):
+    """AOTInductor checks nothing it passes a custom op's shim: each operand the kernel cannot take is a
+    failure status (the graph then raises), never a read out of bounds."""
+    q, k, v, mask = _operands(2, 1, 4, 1, 16, 8, torch.float32, torch.float32)
+    status, out = _shim(lib, q, k, v, mask)
+    assert status == 0 and torch.equal(out, native.decode_attention(q, k, v, mask, 0.3, lib))
+    bad = {
+        "q of 3 dimensions": (q[0], k, v, mask),
+        "an integer q": (q.int(), k, v, mask),
+        "a float mask": (q, k, v, mask.float()),
+        "v's dtype not k's": (q, k, v.half(), mask),
+        "v's shape not k's": (q, k, v[:, :, :8], mask),
+        "k of other rows": (q, k[:1], v[:1], mask),
+        "k of another head size": (q, k[..., :4], v[..., :4], mask),
+        "a mask over other keys": (q, k, v, mask[..., :8]),
+        "tokens that do not divide the rows": (q[:, :, :3], k, v, mask.expand(-1, -1, 2, -1)),
+        "an integer cache": (q, k.int(), v.int(), mask),
+    }
+    for what, operands in bad.items():
+        assert _shim(lib, *operands) == (1, None), what
