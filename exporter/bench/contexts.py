@@ -20,13 +20,14 @@ from exporter.bench.config import BenchConfig
 from exporter.bench.llama_cpp import gguf_for, llama_cpp_available
 from exporter.bench.report import plain_llama_note, steal_note
 from exporter.source import checkpoint_dir
+from runtime.format.reader import read_manifest
 
 SYSTEMS = ("aotpack", "llama_cpp")
 
 
 def bench_contexts(config: BenchConfig, log=print) -> dict:
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
-    results = {"config": cfg, "machine": machine(), "runs": [], "builds": {}}
+    results = {"config": cfg, "machine": machine(), "runs": [], "builds": {}, "attention": {}}
     caches = (config.max_cache_len, *config.vs_caches)
     with tempfile.TemporaryDirectory(prefix="aotpack-bench-") as tmp, checkpoint_dir(config.model) as checkpoint:
         from transformers import AutoConfig
@@ -58,10 +59,17 @@ def _artifacts(config: BenchConfig, variant: str, caches, checkpoint: Path, tmp:
         bundle = tmp / f"bundle-{variant}-{cache}"
         log(f"[{variant}] exporting the bundle ({cache} slots)")
         results["builds"][f"{variant}-{cache}"] = export_variant(checkpoint, bundle, variant, cache, config.gemv)
+        results["attention"][f"{variant}-{cache}"] = decode_attention_of(bundle)
         paths[("aotpack", cache)] = bundle
         if gguf is not None:
             paths[("llama_cpp", cache)] = gguf
     return paths
+
+
+def decode_attention_of(bundle: Path) -> str | None:
+    """The decode attention kernel the bundle's export chose (None: the model's own attention)."""
+    chosen = read_manifest(bundle).decode_attention
+    return chosen.chosen if chosen else None
 
 
 def figures(results: dict) -> list[dict]:
@@ -103,10 +111,15 @@ def markdown(results: dict) -> str:
             f"| {r['variant']} | {r['system']} | {r['cache']} | {r['context']} | {r['prefill_ms']:.0f} ms | "
             f"{r['decode_ms']:.1f} ms/tok | {r['slowdown']:.2f}× | {ratio} |"
         )
-    return (
-        "\n".join(lines + ["", *_verdicts(rows), *plain_llama_note(results["runs"]), *steal_note(results["runs"])])
-        + "\n"
-    )
+    runs = results["runs"]
+    notes = [*_attention_note(results), *_verdicts(rows), *plain_llama_note(runs), *steal_note(runs)]
+    return "\n".join(lines + ["", *notes]) + "\n"
+
+
+def _attention_note(results: dict) -> list[str]:
+    """Which decode attention each bundle's export chose (reports before it was recorded have none)."""
+    chosen = sorted((results.get("attention") or {}).items())
+    return [f"- decode attention chosen at export: {', '.join(f'{k} {v}' for k, v in chosen)}"] if chosen else []
 
 
 def _verdicts(rows: list[dict]) -> list[str]:

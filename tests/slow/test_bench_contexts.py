@@ -8,6 +8,7 @@ import json
 import pytest
 
 from exporter.cli import main as aotpack
+from exporter.names import ATTENTION_KERNELS
 
 
 @pytest.mark.heavy
@@ -23,3 +24,6 @@ def test_bench_context_sweep_completes_and_writes_its_files(tmp_path):
     for row in results["figures"]:
         assert row["decode_ms"] > 0 and row["prefill_ms"] > 0 and row["engine_over_step"] > 0
     assert "64-slot cache decodes at" in (out / "contexts.md").read_text()
+    assert set(results["attention"]) == {"float32-64", "float32-32"}  # each bundle's choice, read from its manifest
+    assert set(results["attention"].values()) <= set(ATTENTION_KERNELS)
+    assert f"float32-64 {results['attention']['float32-64']}" in (out / "contexts.md").read_text()
