@@ -19,7 +19,7 @@ from pathlib import Path
 
 from exporter.bench.build import chunk_graph, export_variant, header, run
 from exporter.bench.config import BenchConfig
-from exporter.bench.report import verdict_of
+from exporter.bench.report import attention_words, verdict_of
 from exporter.source import checkpoint_dir
 
 # (label, figure, bound): figures come from `figures()`
@@ -127,7 +127,10 @@ def markdown(results: dict) -> str:
 
 
 def _attention(m: dict) -> str:
-    return f" and the {m['decode_attention']} decode attention" if m.get("decode_attention") else ""
+    choice = m.get("decode_attention")
+    if isinstance(choice, str):  # reports before the candidates' times were kept
+        choice = {"chosen": choice, "us_per_call": {}}
+    return f" and {attention_words(choice)}" if choice else ""
 
 
 def _rounds(m: dict) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from exporter.bench.build import export_variant, machine, measure, random_prompt
 from exporter.bench.config import BenchConfig
 from exporter.bench.llama_cpp import gguf_for, llama_cpp_available
-from exporter.bench.report import plain_llama_note, steal_note
+from exporter.bench.report import attention_choice, attention_words, plain_llama_note, steal_note
 from exporter.source import checkpoint_dir
 from runtime.format.reader import read_manifest
 
@@ -59,17 +59,11 @@ def _artifacts(config: BenchConfig, variant: str, caches, checkpoint: Path, tmp:
         bundle = tmp / f"bundle-{variant}-{cache}"
         log(f"[{variant}] exporting the bundle ({cache} slots)")
         results["builds"][f"{variant}-{cache}"] = export_variant(checkpoint, bundle, variant, cache, config.gemv)
-        results["attention"][f"{variant}-{cache}"] = decode_attention_of(bundle)
+        results["attention"][f"{variant}-{cache}"] = attention_choice(read_manifest(bundle))
         paths[("aotpack", cache)] = bundle
         if gguf is not None:
             paths[("llama_cpp", cache)] = gguf
     return paths
-
-
-def decode_attention_of(bundle: Path) -> str | None:
-    """The decode attention kernel the bundle's export chose (None: the model's own attention)."""
-    chosen = read_manifest(bundle).decode_attention
-    return chosen.chosen if chosen else None
 
 
 def figures(results: dict) -> list[dict]:
@@ -119,7 +113,7 @@ def markdown(results: dict) -> str:
 def _attention_note(results: dict) -> list[str]:
     """Which decode attention each bundle's export chose (reports before it was recorded have none)."""
     chosen = sorted((results.get("attention") or {}).items())
-    return [f"- decode attention chosen at export: {', '.join(f'{k} {v}' for k, v in chosen)}"] if chosen else []
+    return [f"- the {bundle} bundle: {attention_words(c) or 'the model own attention'}" for bundle, c in chosen]
 
 
 def _verdicts(rows: list[dict]) -> list[str]:

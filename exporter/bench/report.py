@@ -330,6 +330,24 @@ def markdown(results: dict, summary: list[dict], figures: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def attention_choice(manifest) -> dict | None:
+    """A bundle's decode attention as a report keeps it: the kernel its export chose and each candidate's
+    time per layer call there ({} when it was named, not timed); None for the model's own attention."""
+    a = manifest.decode_attention
+    return {"chosen": a.chosen, "us_per_call": dict(a.us_per_call)} if a else None
+
+
+def attention_words(choice: dict | None) -> str:
+    """`choice` (attention_choice's) as words: "the grouped decode attention (timed at export, µs a layer
+    call: flash 120, grouped 90)"."""
+    if not choice:
+        return ""
+    timed = ", ".join(f"{name} {us:.0f}" for name, us in choice["us_per_call"].items())
+    return f"the {choice['chosen']} decode attention" + (
+        f" (timed at export, µs a layer call: {timed})" if timed else ""
+    )
+
+
 def steal_note(runs: list[dict]) -> list[str]:
     """How much CPU time the hypervisor took while the systems ran: figures from a round with much
     steal are slower for reasons outside every system."""

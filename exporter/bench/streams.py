@@ -124,6 +124,7 @@ def graph_steps(rt, position: int) -> list[dict]:
 
 
 def measure(args) -> dict:
+    from exporter.bench.report import attention_choice
     from runtime import LoadConfig, load
 
     rt = load(args.path, LoadConfig(num_threads=args.threads))
@@ -136,7 +137,7 @@ def measure(args) -> dict:
         "dtype": rt.manifest.dtype,
         "quantization": rt.manifest.quantization.method if rt.manifest.quantization else None,
         "rows": rt.manifest.batch_size,
-        "decode_attention": rt.manifest.decode_attention.chosen if rt.manifest.decode_attention else None,
+        "decode_attention": attention_choice(rt.manifest),
         "max_cache_len": rt.manifest.max_cache_len,
         "graphs": graph_steps(rt, args.prompt_len + args.new_tokens // 2),
         **side_by_side(rt, prompts, args.new_tokens),

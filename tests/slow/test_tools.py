@@ -141,7 +141,7 @@ def test_streams_report_reads_the_targets_from_the_measurements(tmp_path):
     graphs = [{"batch": b, "step_ms": ms, "ms_per_row": ms / b} for b, ms in ((1, 40.0), (8, 64.0))]
     measured = {
         "rows": 8,
-        "decode_attention": "native",
+        "decode_attention": {"chosen": "native", "us_per_call": {"grouped": 91.4, "native": 40.2}},
         "max_cache_len": 2048,
         "graphs": graphs,
         "one": {"streams": 1, "tokens_per_s": 20.0, "itl_p50_ms": 50.0, "itl_p99_ms": 55.0},
@@ -166,7 +166,13 @@ def test_streams_report_reads_the_targets_from_the_measurements(tmp_path):
     assert "| 8 | 64.0 | 8.0 | 1.60× |" in report  # each graph's step, per row and against batch 1
     assert "| 2.50 | 2.00 | 3.10, 2.50, 2.00 |" in report  # the median admission, and every one's ratio
     assert "gain 6.00×, 5.50×, 4.00×, ITL p50 growth 1.20×, 1.44×, 1.50×" in report  # every round of 1 beside 8
-    assert "8 cache rows and the native decode attention built in" in report
+    assert (
+        "8 cache rows and the native decode attention (timed at export, µs a layer call: grouped 91, native 40)"
+        in report
+    )
+    write_streams_report({"config": config, "machine": machine, "build_s": 1.0, "variant": "bfloat16",
+                          "measured": measured | {"decode_attention": "grouped"}}, tmp_path)  # fmt: skip
+    assert "8 cache rows and the grouped decode attention built in" in (tmp_path / "streams.md").read_text()  # older
 
 
 def test_serve_report_compares_with_transformers_serve():
