@@ -127,10 +127,8 @@ def markdown(results: dict) -> str:
 
 
 def _attention(m: dict) -> str:
-    choice = m.get("decode_attention")
-    if isinstance(choice, str):  # reports before the candidates' times were kept
-        choice = {"chosen": choice, "us_per_call": {}}
-    return f" and {attention_words(choice)}" if choice else ""
+    words = attention_words(m.get("decode_attention"))
+    return f" and {words}" if words else ""
 
 
 def _rounds(m: dict) -> list[str]:

@@ -113,7 +113,8 @@ def markdown(results: dict) -> str:
 def _attention_note(results: dict) -> list[str]:
     """Which decode attention each bundle's export chose (reports before it was recorded have none)."""
     chosen = sorted((results.get("attention") or {}).items())
-    return [f"- the {bundle} bundle: {attention_words(c) or 'the model own attention'}" for bundle, c in chosen]
+    own = "the model's own attention"
+    return [f"- the {bundle} bundle: {attention_words(c) or own}" for bundle, c in chosen]
 
 
 def _verdicts(rows: list[dict]) -> list[str]:

@@ -337,11 +337,13 @@ def attention_choice(manifest) -> dict | None:
     return {"chosen": a.chosen, "us_per_call": dict(a.us_per_call)} if a else None
 
 
-def attention_words(choice: dict | None) -> str:
-    """`choice` (attention_choice's) as words: "the grouped decode attention (timed at export, µs a layer
-    call: flash 120, grouped 90)"."""
+def attention_words(choice: dict | str | None) -> str:
+    """`choice` (attention_choice's, or the kernel's name alone, as older reports kept it) as words: "the
+    grouped decode attention (timed at export, µs a layer call: flash 120, grouped 90)"."""
     if not choice:
         return ""
+    if isinstance(choice, str):
+        return f"the {choice} decode attention"
     timed = ", ".join(f"{name} {us:.0f}" for name, us in choice["us_per_call"].items())
     return f"the {choice['chosen']} decode attention" + (
         f" (timed at export, µs a layer call: {timed})" if timed else ""

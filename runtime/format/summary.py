@@ -10,7 +10,8 @@ from collections import Counter
 from dataclasses import replace
 
 from runtime.format.files import GENERATION, GENERATION_DEFAULTS
-from runtime.format.manifest import Manifest
+from runtime.format.manifest import DENSE, NATIVE_ATTENTION, Manifest
+from runtime.format.quant import INTEGER
 
 
 def kv_bytes(manifest: Manifest) -> tuple[int, int]:
@@ -114,7 +115,7 @@ def _kernels(m: Manifest) -> str:
     rates = ", ".join(f"{k} {v:.1f} GB/s" for k, v in q.kernel_rates.items())
     timed = f" (timed here: {rates})" if rates else " (chosen, not timed)"
     timed += f"; {q.kernel_noise}: the known-good family kept" if q.kernel_noise else ""
-    if n is None:
+    if q.kernels != INTEGER:  # the bundle may still carry kernels.so, for its native attention
         return f"{q.kernels}: Inductor's dequantizing reductions, fp32 activations, layout {q.layout}{timed}"
     what = f"aotpack's {n.isa} kernels ({n.file}, {n.compiler}), int8 activations per block of 32"
     return f"{q.kernels}: {what}, layout {q.layout}{timed}"
@@ -125,7 +126,8 @@ def _attention_lines(m: Manifest) -> list[str]:
     if a is None:
         return []
     timed = ", ".join(f"{name} {us:.0f} us" for name, us in a.us_per_call.items())
-    return [f"attention    {a.chosen}" + (f" (per layer over {a.span} slots: {timed})" if timed else " (untimed)")]
+    own = f" (aotpack's {m.native.isa} kernel, {m.native.file})" if a.chosen == NATIVE_ATTENTION and m.native else ""
+    return [f"attention    {a.chosen}{own}" + (f" (per layer over {a.span} slots: {timed})" if timed else " (untimed)")]
 
 
 def _listed(numbers) -> str:
@@ -151,7 +153,7 @@ def _lowering_lines(m: Manifest) -> list[str]:
         )
         lines += [f"    GEMV {lw.op} {lw.rows}x{lw.cols}: {lw.chosen}{_timing(lw)}" for lw in graph.lowerings]
     n = m.native
-    if n is not None and m.quantization is None:  # float graphs calling aotpack's dense GEMM
+    if any(lw.chosen == DENSE for g in m.graphs for lw in g.lowerings):  # float graphs calling aotpack's GEMM
         lines.append(f"  dense: aotpack's {n.isa} GEMM ({n.file}, {n.compiler})")
     return ["decode graphs one per batch, GEMV kernels chosen per weight shape at build time:", *lines]
 

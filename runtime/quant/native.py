@@ -173,12 +173,12 @@ def decode_attention(q, k, v, mask, scale: float, lib: Library | None = None) ->
     if (
         q.dtype not in DTYPE_CODES or k.dtype not in DTYPE_CODES or v.dtype != k.dtype or mask.dtype != torch.bool
         or k.shape != (b, kv, s, d) or v.shape != k.shape or mask.shape[0] not in (1, b) or mask.shape[1] != 1
-        or mask.shape[3] != s or r % t
+        or mask.shape[3] != s or t < 1 or r % t or any(x.device.type != "cpu" for x in (q, k, v, mask))
     ):  # fmt: skip
         raise ValueError(
-            f"aotpack's decode attention takes q (B, KV, R, D), k and v (B, KV, S, D) and a bool mask (B, 1, T, S) "
-            f"with T dividing R, got q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)}, "
-            f"mask {tuple(mask.shape)} {mask.dtype}"
+            f"aotpack's decode attention takes CPU tensors q (B, KV, R, D), k and v (B, KV, S, D) and a bool mask "
+            f"(B, 1, T, S) with T dividing R, got q {tuple(q.shape)} {q.dtype} on {q.device}, k {tuple(k.shape)} "
+            f"{k.dtype}, v {tuple(v.shape)}, mask {tuple(mask.shape)} {mask.dtype}"
         )
     lib = lib or library()
     if not hasattr(lib._lib, "aotpack_decode_attention"):

@@ -27,6 +27,7 @@ from runtime.format.manifest import (
     Quantization,
     _digest,
 )
+from runtime.format.summary import summary
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -553,3 +554,20 @@ def test_a_layout_the_kernels_do_not_read_is_refused(manifest):
     raw["quantization"]["layout"] = "tiles4"
     with pytest.raises(ManifestError, match="layout 'tiles4' is not the .* re-export"):
         Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_inspect_names_what_calls_the_kernels_library(manifest):
+    """`aotpack inspect` names aotpack's kernels where the integer family, a `dense` lowering or the native
+    attention calls them, and only there: a bundle carrying kernels.so for its attention alone keeps
+    Inductor's quantized reductions and shows no dense GEMM."""
+    native = manifest.native or NativeKernels("kernels.so", "libaotpack-kernels-0.so", "avx2", 1, "g++ 12.2.0")
+    text = summary(replace(manifest, decode_attention=DecodeAttention("native", {}, 0), native=native))
+    q = manifest.quantization
+    if q is not None:
+        assert ("Inductor's dequantizing reductions" in text) == (q.kernels != "integer")
+        assert ("aotpack's avx2 kernels (kernels.so" in text) == (q.kernels == "integer")
+    dense = any(lw.chosen == "dense" for g in manifest.graphs for lw in g.lowerings)
+    assert ("  dense: aotpack's avx2 GEMM" in text) == dense
+    assert "attention    native (aotpack's avx2 kernel, kernels.so) (untimed)" in text
