@@ -31,6 +31,8 @@ def decode_attention(
 
 @decode_attention.register_fake
 def _(q, k, v, mask, scale):
+    # the shim's checks at trace time: operands it would refuse fail the export, not the bundle's first step
+    native.check_attention_operands(q, k, v, mask, devices=("cpu", "meta"))
     return q.new_empty(q.shape)
 
 

@@ -164,22 +164,33 @@ def linear_dense(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -
     return y.view(*x.shape[:-1], w.shape[0])
 
 
+def check_attention_operands(q, k, v, mask, devices: tuple[str, ...]) -> None:
+    """ValueError unless q (B, KV, R, D), k and v (B, KV, S, D) in one float dtype and a bool mask
+    (B or 1, 1, T, S) with T dividing R, all on one of `devices` (the kernel reads CPU memory; the export's
+    fake tensors are on "meta"), are what the kernel takes."""
+    shapes_ok = q.dim() == 4 and k.dim() == 4 and mask.dim() == 4
+    b, kv, r, d = q.shape if shapes_ok else (0, 0, 0, 0)
+    t, s = (mask.shape[2], k.shape[2]) if shapes_ok else (0, 0)
+    if (
+        not shapes_ok or q.dtype not in DTYPE_CODES or k.dtype not in DTYPE_CODES or v.dtype != k.dtype
+        or mask.dtype != torch.bool or k.shape != (b, kv, s, d) or v.shape != k.shape or mask.shape[0] not in (1, b)
+        or mask.shape[1] != 1 or mask.shape[3] != s or t < 1 or r % t
+        or any(x.device.type not in devices for x in (q, k, v, mask))
+    ):  # fmt: skip
+        raise ValueError(
+            f"aotpack's decode attention takes {' or '.join(devices)} tensors q (B, KV, R, D), k and v (B, KV, S, D) "
+            f"and a bool mask (B, 1, T, S) with T dividing R, got q {tuple(q.shape)} {q.dtype} on {q.device}, "
+            f"k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)}, mask {tuple(mask.shape)} {mask.dtype}"
+        )
+
+
 def decode_attention(q, k, v, mask, scale: float, lib: Library | None = None) -> torch.Tensor:
     """softmax(scale * q k^T where `mask`) v: q, k and v (B, KV, R or S, D) (any strides; k and v in one
     float dtype), mask (B or 1, 1, T, S) bool, query row r of a head being token r % T of its row; sums in
     fp32, output (B, KV, R, D) contiguous in q's dtype (zeros for a row that sees no key)."""
+    check_attention_operands(q, k, v, mask, devices=("cpu",))
     b, kv, r, d = q.shape
     t, s = mask.shape[2], k.shape[2]
-    if (
-        q.dtype not in DTYPE_CODES or k.dtype not in DTYPE_CODES or v.dtype != k.dtype or mask.dtype != torch.bool
-        or k.shape != (b, kv, s, d) or v.shape != k.shape or mask.shape[0] not in (1, b) or mask.shape[1] != 1
-        or mask.shape[3] != s or t < 1 or r % t or any(x.device.type != "cpu" for x in (q, k, v, mask))
-    ):  # fmt: skip
-        raise ValueError(
-            f"aotpack's decode attention takes CPU tensors q (B, KV, R, D), k and v (B, KV, S, D) and a bool mask "
-            f"(B, 1, T, S) with T dividing R, got q {tuple(q.shape)} {q.dtype} on {q.device}, k {tuple(k.shape)} "
-            f"{k.dtype}, v {tuple(v.shape)}, mask {tuple(mask.shape)} {mask.dtype}"
-        )
     lib = lib or library()
     if not hasattr(lib._lib, "aotpack_decode_attention"):
         raise BundleError("this bundle's kernels.so predates the decode attention kernel; re-export the bundle")

@@ -168,8 +168,13 @@ def test_the_op_refuses_operands_it_cannot_take():
         native.decode_attention(q[:, :, :3], k, v, mask.expand(-1, -1, 2, -1), 0.3)  # T = 2 does not divide R = 3
     with pytest.raises(ValueError, match="bool mask"):
         native.decode_attention(q, k, v, mask[:, :, :0], 0.3)  # no token a row
-    with pytest.raises(ValueError, match="CPU tensors"):  # the kernel would read another device's pointers
+    with pytest.raises(ValueError, match="cpu tensors"):  # the kernel would read another device's pointers
         native.decode_attention(q.to("meta"), k, v, mask, 0.3)
+    with torch._subclasses.FakeTensorMode() as mode:  # as the export traces: refused there, before any compile
+        fake = [mode.from_tensor(x) for x in (q, k, v, mask)]
+        assert op.OP(*fake, 0.3).shape == q.shape
+        with pytest.raises(ValueError, match="bool mask"):
+            op.OP(fake[0], fake[1], fake[2], fake[3].float(), 0.3)
 
 
 def test_the_native_candidate_computes_what_grouped_does():
