@@ -301,3 +301,19 @@ class WholeWords:
 
     def __call__(self, input_ids, scores):
         return scores.masked_fill(self.banned[: scores.shape[-1]], -float("inf"))
+
+
+def isa_library(path: str):
+    """aotpack's kernels compiled for one instruction path and loaded without serving the eager op, or the
+    test skipped, naming the CPU flags the path needs that this machine lacks."""
+    import pytest
+
+    from exporter import kernels
+    from runtime.cpu import KERNEL_ISA_FLAGS, cpu_flags
+
+    missing = KERNEL_ISA_FLAGS[path] - (cpu_flags() or set())
+    if missing:
+        pytest.skip(f"the {path} path needs CPU flags {sorted(missing)}, which this machine lacks")
+    built = kernels.build(isa_override=path, log=lambda _: None, serve=False)
+    assert built.library.isa == path
+    return built.library

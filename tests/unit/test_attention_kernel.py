@@ -12,10 +12,10 @@ import ctypes
 
 import pytest
 import torch
+from helpers import isa_library
 from torch._C import _aoti as aoti
 
 from exporter import attention, kernels
-from runtime.cpu import KERNEL_ISA_FLAGS, cpu_flags
 from runtime.quant import attention as op
 from runtime.quant import native
 
@@ -40,10 +40,7 @@ CLOSE = {"atol": 2e-6, "rtol": 1e-5}  # float32 against fp64
 
 @pytest.fixture(scope="module", params=PATHS)
 def lib(request):
-    missing = KERNEL_ISA_FLAGS[request.param] - (cpu_flags() or set())
-    if missing:
-        pytest.skip(f"the {request.param} path needs CPU flags {sorted(missing)}, which this machine lacks")
-    return kernels.build(isa_override=request.param, log=lambda _: None, serve=False).library
+    return isa_library(request.param)
 
 
 def _operands(b, kv, g, t, s, d, qtype, ktype, seed=0):

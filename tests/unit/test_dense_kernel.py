@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import isa_library
 
 from exporter import kernels
-from runtime.cpu import KERNEL_ISA_FLAGS, cpu_flags
 from runtime.quant import dense, native
 
 PATHS = ("scalar", "avx2", "avx512-vnni")  # AVX-512: 8 activation rows a micro-tile
@@ -20,10 +20,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @pytest.fixture(scope="module", params=PATHS)
 def lib(request):
-    missing = KERNEL_ISA_FLAGS[request.param] - (cpu_flags() or set())
-    if missing:
-        pytest.skip(f"the {request.param} path needs CPU flags {sorted(missing)}, which this machine lacks")
-    return kernels.build(isa_override=request.param, log=lambda _: None, serve=False).library
+    return isa_library(request.param)
 
 
 def _reference(x, w):

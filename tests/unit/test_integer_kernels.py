@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import isa_library
 
 from exporter import kernels
-from runtime.cpu import KERNEL_ISA_FLAGS, cpu_flags
 from runtime.quant import INT4, INTEGER, QuantSpec, int4_dot, int8_dot, native, scheme, tiles
 
 PATHS = ("scalar", "avx2", "avx-vnni", "avx512-vnni")
@@ -25,12 +25,7 @@ def lib(request):
     machine's path built to take one weight tile a pass (exporter.quant_family races it)."""
     if request.param == "one-tile":
         return kernels.build(log=lambda _: None, serve=False, one_tile=True).library
-    missing = KERNEL_ISA_FLAGS[request.param] - (cpu_flags() or set())
-    if missing:
-        pytest.skip(f"the {request.param} path needs CPU flags {sorted(missing)}, which this machine lacks")
-    built = kernels.build(isa_override=request.param, log=lambda _: None, serve=False)
-    assert built.library.isa == request.param
-    return built.library
+    return isa_library(request.param)
 
 
 def _activations_reference(x: torch.Tensor):
