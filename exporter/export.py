@@ -40,7 +40,16 @@ from runtime.backends.onnxruntime import OnnxRuntimeDecode
 from runtime.errors import ExportError
 from runtime.format.contract import INPUT_NAMES, DecodeContract, graph_name, graph_title
 from runtime.format.files import DECODE, DECODE_ONNX, KERNELS, MANIFEST, sha256
-from runtime.format.manifest import AOTPACK_VERSION, DENSE, FORMAT_VERSION, DecodeGraph, Manifest, Parity, Quantization
+from runtime.format.manifest import (
+    AOTPACK_VERSION,
+    DENSE,
+    FORMAT_VERSION,
+    DecodeGraph,
+    Manifest,
+    Parity,
+    Quantization,
+    integer_kernels,
+)
 from runtime.format.quant import INTEGER
 from runtime.format.signing import sign
 
@@ -81,7 +90,7 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
             ref = reference(float32, tokenizer)
     del float32
     quantization, family = _quantize(config, model, plan, progress) if plan else (None, None)
-    integer = quantization is not None and quantization.kernels == INTEGER
+    integer = integer_kernels(quantization)
     native = family.built if integer else _float_kernels(config, progress)  # Inductor's family: as float graphs
     layout = cache_layout(model, config.max_cache_len, config.speculate, config.chunk_graph)
     step = decode_module(model, layout)
@@ -117,7 +126,7 @@ def _compile_graphs(config, model, step, contract, kernel, quantization, native,
     chunk graph, compiled in turn (each C++ compile already uses every core) and packaged into one
     decode.pt2; returns (the graphs' manifest entries, the package)."""
     graphs, files = [], {}
-    integer = quantization is not None and quantization.kernels == INTEGER
+    integer = integer_kernels(quantization)
     record = native.record if native and integer else None  # other graphs link them if they call them
     shapes = [(b, 1, False) for b in config.buckets]
     shapes += [(b, config.speculate + 1, False) for b in config.buckets if config.speculate]
@@ -172,7 +181,7 @@ def _parity(config, staging: Path, manifest: Manifest, model, tokenizer, package
     """Every graph against eager generate with as many rows as it steps; the ONNX decode at two rows.
     The manifest's `parity` is all of them together."""
     compiled = CompiledDecode(package, model, manifest)
-    integer = manifest.quantization is not None and manifest.quantization.kernels == INTEGER
+    integer = integer_kernels(manifest.quantization)
     graphs = []
     for graph in manifest.graphs:
         name = f"compiled {graph_title(graph.batch, graph.tokens, graph.chunk)}"

@@ -123,6 +123,11 @@ class Quantization:
         return QuantSpec(INT8, None, self.kernels)
 
 
+def integer_kernels(quantization: Quantization | None) -> bool:
+    """Whether a bundle's quantized layers run aotpack's integer kernels (not Inductor's, not float weights)."""
+    return quantization is not None and quantization.kernels == INTEGER
+
+
 @dataclass(frozen=True)
 class NativeKernels:
     """aotpack's own C++ kernels (the integer family; the `dense` GEMM), compiled at export for the target
@@ -597,7 +602,7 @@ def _check_quantization(q: Quantization) -> None:
 def _check_native(m: Manifest) -> None:
     """The integer family, the `dense` lowering and the native decode attention need aotpack's kernels,
     listed as a bundle file; nothing else carries them."""
-    integer = m.quantization is not None and m.quantization.kernels == INTEGER
+    integer = integer_kernels(m.quantization)
     dense = any(lw.chosen == DENSE for g in m.graphs for lw in g.lowerings)
     attention = m.decode_attention is not None and m.decode_attention.chosen == NATIVE_ATTENTION
     if (integer or dense or attention) != (m.native is not None):
