@@ -12,9 +12,18 @@ from pathlib import Path
 
 from exporter import generation
 from exporter.names import ATTENTION_KERNELS, GEMV_POLICIES
+from runtime.cpu import KERNEL_ISA_FLAGS, cpu_flags
 from runtime.errors import ExportError
 from runtime.format.files import MANIFEST
-from runtime.format.manifest import DEVICES, DTYPES, MAX_CHUNK_TOKENS, MAX_DRAFT_TOKENS, RECIPES, SCALE_SEARCHES
+from runtime.format.manifest import (
+    AMX_ISA,
+    DEVICES,
+    DTYPES,
+    MAX_CHUNK_TOKENS,
+    MAX_DRAFT_TOKENS,
+    RECIPES,
+    SCALE_SEARCHES,
+)
 from runtime.format.quant import GROUP_SIZES, INDUCTOR, INT4, INTEGER, METHODS, QuantSpec
 
 CPU_ISAS = ("native", "avx2")
@@ -96,15 +105,30 @@ class ExportConfig:
             )
         if self.gemv not in GEMV_POLICIES:
             raise ExportError(f"--gemv {self.gemv!r} is not supported; choose one of {GEMV_POLICIES}")
-        if self.gemv == "dense" and (self.device != "cpu" or self.quantize):
+        if self.gemv in ("dense", "tiles") and (self.device != "cpu" or self.quantize):
             raise ExportError(
-                "--gemv dense runs aotpack's CPU GEMM over float weights; use --gemv tune (or aten) for "
+                f"--gemv {self.gemv} runs aotpack's CPU GEMM over float weights; use --gemv tune (or aten) for "
                 f"--device {self.device}{' or --quantize' if self.quantize else ''}"
             )
+        if self.gemv == "tiles":
+            self._check_tiles()
         object.__setattr__(self, "out", Path(self.out))
         self._check_out()
         if self.sign_key is not None and not Path(self.sign_key).is_file():
             raise ExportError(f"--sign-key {self.sign_key} does not exist; give an elliptic-curve private key (PEM)")
+
+    def _check_tiles(self) -> None:
+        """--gemv tiles: a bf16 bundle, on a CPU with AMX's bf16 tiles (whether Linux grants them is known
+        once the kernels are built)."""
+        if self.dtype != "bfloat16":
+            raise ExportError(f"--gemv tiles multiplies bf16 on AMX tiles; add --dtype bfloat16 (got {self.dtype})")
+        if self.cpu_isa != "native":
+            raise ExportError(f"--gemv tiles needs kernels built for this CPU's AMX; drop --cpu-isa {self.cpu_isa}")
+        missing = KERNEL_ISA_FLAGS[AMX_ISA] - (cpu_flags() or set())
+        if missing:
+            raise ExportError(
+                f"--gemv tiles needs AMX's bf16 tiles, and this CPU lacks {sorted(missing)}; use --gemv tune or dense"
+            )
 
     def _check_out(self) -> None:
         """--out must be creatable, and --force replaces only an aotpack bundle (or an empty folder):

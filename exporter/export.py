@@ -44,6 +44,8 @@ from runtime.format.manifest import (
     AOTPACK_VERSION,
     DENSE,
     FORMAT_VERSION,
+    KERNEL_LOWERINGS,
+    TILES,
     DecodeGraph,
     Manifest,
     Parity,
@@ -168,7 +170,7 @@ def _compile_graph(config, model, step, contract, kernel, shape, options: dict, 
     message = f"exporting the {what} of {type(model).__name__} ({len(contract.layout)} layers, "
     with stage("trace", message + f"cache {config.max_cache_len})"), decode_attention.installed(model, kernel):
         exported = export_decode(step.without_head() if chunk else step, contract, batch, tokens)
-    lowerings = _lowerings(config, weight_shapes(exported), options, batch * tokens, progress, native is not None)
+    lowerings = _lowerings(config, weight_shapes(exported), options, batch * tokens, progress, _own(config, native))
     if native is not None and _calls_kernels(lowerings, kernel):
         options = options | native_options(native.record)
     with stage("compile", f"compiling with AOTInductor: the {what}"):
@@ -224,9 +226,18 @@ def _finish(config, staging: Path, manifest: Manifest, model, ref, start: float)
 
 def _calls_kernels(lowerings, kernel) -> bool:
     """Whether float graphs with these lowerings and attention `kernel` call aotpack's kernels: a `dense`
-    lowering, or the native decode attention."""
+    or `tiles` lowering, or the native decode attention."""
     native = kernel is not None and kernel.chosen == decode_attention.NATIVE
-    return native or any(lw.chosen == DENSE for lw in lowerings)
+    return native or any(lw.chosen in KERNEL_LOWERINGS for lw in lowerings)
+
+
+def _own(config: ExportConfig, native) -> frozenset[str]:
+    """aotpack's GEMMs a float weight may take: `dense` wherever the export has its kernels, `tiles` too
+    in a bf16 bundle whose kernels have the AMX path, granted in this process."""
+    if native is None:
+        return frozenset()
+    tiles = config.dtype == "bfloat16" and native.library.tiles
+    return frozenset({DENSE, TILES} if tiles else {DENSE})
 
 
 def _attention(model, config: ExportConfig, attention: str, options: dict, progress: Progress, native: bool):
@@ -246,17 +257,17 @@ def _attention(model, config: ExportConfig, attention: str, options: dict, progr
         )  # fmt: skip
 
 
-def _lowerings(config: ExportConfig, shapes, options: dict, batch: int, progress: Progress, dense: bool):
-    """`batch`: the graph's activation rows (its batch times its tokens a row); `dense`: aotpack's GEMM
-    is a candidate (the export has its kernels)."""
+def _lowerings(config: ExportConfig, shapes, options: dict, batch: int, progress: Progress, own: frozenset[str]):
+    """`batch`: the graph's activation rows (its batch times its tokens a row); `own`: aotpack's GEMMs
+    that are candidates (_own)."""
     dtype = getattr(torch, config.dtype)
     if config.gemv != "tune":
         return fixed(shapes, dtype, config.gemv)
-    if batch > MAX_FUSED_ROWS and not dense:
+    if batch > MAX_FUSED_ROWS and not own:
         progress.log(f"{batch} activation rows: ATen's mm reads the float weights (fused reductions compile too long)")
         return fixed(shapes, dtype, "aten")
     with progress.stage("tune", f"timing each weight shape's GEMV candidates at batch {batch} on this machine"):
-        return tune(shapes, dtype, config.device, options, batch, progress.log, dense)
+        return tune(shapes, dtype, config.device, options, batch, progress.log, own)
 
 
 def _float_kernels(config: ExportConfig, progress: Progress):
@@ -264,10 +275,17 @@ def _float_kernels(config: ExportConfig, progress: Progress):
     dequantizing kernels) whose graphs may choose the `dense` GEMM or the native decode attention, else
     None."""
     attention = config.decode_attention in ("auto", decode_attention.NATIVE)
-    if config.device != "cpu" or (config.gemv not in ("tune", DENSE) and not attention):
+    if config.device != "cpu" or (config.gemv not in ("tune", DENSE, TILES) and not attention):
         return None
     with progress.stage("kernels", "building aotpack's kernels (dense GEMM and decode attention candidates)"):
-        return kernels.build(config.cpu_isa, log=progress.log)
+        built = kernels.build(config.cpu_isa, log=progress.log)
+    if config.gemv == TILES and not built.library.tiles:
+        raise ExportError(
+            f"--gemv tiles multiplies on AMX tiles, which aotpack's kernels cannot use here (built for "
+            f"{built.library.isa!r}; AMX needs a CPU with amx_tile and amx_bf16 and Linux 5.16 or later); "
+            "use --gemv tune or dense"
+        )
+    return built
 
 
 def _draft_manifest(config: ExportConfig, model, step, layout, package: Path, aliases: dict[str, str]) -> Manifest:

@@ -51,7 +51,7 @@ class Built:
 
 def target_flags(cpu_isa: str, isa_override: str | None = None) -> tuple[str, ...]:
     """The -march flags of a bundle target: the host's CPU ("native") or any AVX2 x86-64 CPU ("avx2").
-    `isa_override` ("scalar", "avx2", "avx-vnni", "avx512-vnni") builds one instruction path on purpose
+    `isa_override` ("scalar", "avx2", "avx-vnni", "avx512-vnni", "amx") builds one instruction path on purpose
     (tests build each path this machine can run)."""
     if isa_override is not None:
         return {
@@ -59,6 +59,7 @@ def target_flags(cpu_isa: str, isa_override: str | None = None) -> tuple[str, ..
             "avx2": ("-march=x86-64-v3",),
             "avx-vnni": ("-march=x86-64-v3", "-mavxvnni"),
             "avx512-vnni": ("-march=x86-64-v4", "-mavx512vnni"),
+            "amx": ("-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"),
         }[isa_override]
     if platform.machine() in ("aarch64", "arm64"):
         return ("-mcpu=native",)

@@ -54,7 +54,8 @@ def assert_parity(rt, model, inputs: dict, new_tokens: int, logit_steps: int | N
     ref_ids, ref_logits = hf_generate(model, inputs, new_tokens)
     ids, logits = aot_generate(rt, inputs, new_tokens)
     assert ids.shape == ref_ids.shape
-    integer = rt.manifest is not None and rt.manifest.native is not None
+    # integer kernels, or bf16/fp16 sums rounded at every layer: a share of the logits' scale (the export's)
+    integer = rt.manifest is not None and (rt.manifest.native is not None or rt.manifest.dtype != "float32")
     tolerance = INTEGER_RTOL * max(1.0, ref_logits.float().abs().max().item()) if integer else LOGIT_ATOL
     steps = logit_steps or new_tokens
     mismatch = (ids != ref_ids).nonzero()

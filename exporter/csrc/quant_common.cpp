@@ -143,7 +143,9 @@ Activations& scratch() {
 }
 
 const char* isa() {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(AOTPACK_AVX2)
+#if defined(AOTPACK_AMX)
+  return "amx";  // avx512-vnni's, and dense.cpp's bf16 tiles
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(AOTPACK_AVX2)
   return "avx512-vnni";
 #elif defined(__AVXVNNI__) && defined(AOTPACK_AVX2)
   return "avx-vnni";

@@ -20,6 +20,11 @@
 #include <immintrin.h>
 #define AOTPACK_AVX2 1
 #endif
+// dense.cpp's bf16 tiles: only in the build isa() names "amx", whose CPU check covers them
+#if defined(AOTPACK_AVX2) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512VL__)
+#define AOTPACK_AMX 1
+#endif
 
 namespace aotpack {
 
@@ -29,7 +34,7 @@ constexpr int GROUP = 4;  // columns a lane holds together in a tile's block: wh
 constexpr int32_t ABI = 1;     // runtime.quant.native checks it: bump when any exported signature changes
 
 enum Dtype : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
-enum Status : int32_t { OK = 0, BAD_DTYPE = 1, BAD_SHAPE = 2, BAD_LAYOUT = 3, NO_MEMORY = 4 };
+enum Status : int32_t { OK = 0, BAD_DTYPE = 1, BAD_SHAPE = 2, BAD_LAYOUT = 3, NO_MEMORY = 4, NO_TILES = 5 };
 
 inline int64_t blocks(int64_t k) { return (k + BLOCK - 1) / BLOCK; }
 

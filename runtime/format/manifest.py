@@ -45,9 +45,14 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # graph says whether it is that graph (`chunk`). A format-6 to -11 manifest still reads, without one.
 # 13: the decode attention may be aotpack's own kernel (`decode_attention.chosen` "native", runtime.quant.
 # attention), carried in `native` like the `dense` GEMM; a format-6 to -12 manifest still reads (none chose it).
-FORMAT_VERSION = 13
-SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11, 12, 13})
+# 14: a float lowering may be `tiles` (bf16 on AMX tiles, runtime.quant.dense), carried in `native` like
+# `dense`, whose instruction path is then "amx"; a format-6 to -13 manifest still reads (none chose it).
+FORMAT_VERSION = 14
+SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11, 12, 13, 14})
 DENSE = "dense"  # the float lowering that calls aotpack's kernels
+TILES = "tiles"  # the same on AMX tiles (bf16 weights and activations)
+KERNEL_LOWERINGS = frozenset({DENSE, TILES})  # the lowerings that call aotpack's kernels
+AMX_ISA = "amx"  # the kernels' instruction path that has the tiles
 NATIVE_ATTENTION = "native"  # the decode attention that calls them
 RECIPES = ("uniform", "sensitive", "mixed")
 MAX_DRAFT_TOKENS = 16  # drafts a verify graph may take per row
@@ -136,7 +141,7 @@ class NativeKernels:
 
     file: str  # KERNELS
     soname: str  # unique per source, flags and compiler: what decode.pt2's graphs name as a dependency
-    isa: str  # the instruction path compiled in: "avx512-vnni", "avx-vnni", "avx2" or "scalar"
+    isa: str  # the instruction path compiled in: "amx", "avx512-vnni", "avx-vnni", "avx2" or "scalar"
     abi: int  # the version of their C interface (runtime.quant.native checks it)
     compiler: str  # the compiler and target they were built with, e.g. "g++ 12.2.0 -march=native"
 
@@ -599,11 +604,16 @@ def _check_quantization(q: Quantization) -> None:
         raise ManifestError("manifest quantization holds a tied lm_head and its embedding at different methods")
 
 
+def chosen_lowerings(m: Manifest) -> set[str]:
+    """Every lowering some graph of the bundle chose."""
+    return {lw.chosen for g in m.graphs for lw in g.lowerings}
+
+
 def _check_native(m: Manifest) -> None:
-    """The integer family, the `dense` lowering and the native decode attention need aotpack's kernels,
-    listed as a bundle file; nothing else carries them."""
+    """The integer family, the `dense` and `tiles` lowerings and the native decode attention need aotpack's
+    kernels, listed as a bundle file; nothing else carries them. `tiles` needs them built with AMX."""
     integer = integer_kernels(m.quantization)
-    dense = any(lw.chosen == DENSE for g in m.graphs for lw in g.lowerings)
+    dense = bool(chosen_lowerings(m) & KERNEL_LOWERINGS)
     attention = m.decode_attention is not None and m.decode_attention.chosen == NATIVE_ATTENTION
     if (integer or dense or attention) != (m.native is not None):
         raise ManifestError(
@@ -612,6 +622,11 @@ def _check_native(m: Manifest) -> None:
         )
     if m.native is not None and (m.native.file != KERNELS or KERNELS not in m.files):
         raise ManifestError(f"manifest native entry names {m.native.file!r}, not a listed {KERNELS}; re-export it")
+    if TILES in chosen_lowerings(m) and (m.native.isa != AMX_ISA or m.dtype != "bfloat16"):
+        raise ManifestError(
+            f"manifest lowering {TILES!r} runs bf16 on AMX tiles, but the bundle is {m.dtype} with kernels for "
+            f"{m.native.isa!r}; re-export it"
+        )
 
 
 def _check_layer(layer: LayerLayout, nbytes, max_cache_len: int) -> None:

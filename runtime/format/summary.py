@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import replace
 
 from runtime.format.files import GENERATION, GENERATION_DEFAULTS
-from runtime.format.manifest import DENSE, NATIVE_ATTENTION, Manifest
+from runtime.format.manifest import DENSE, NATIVE_ATTENTION, TILES, Manifest, chosen_lowerings
 from runtime.format.quant import INTEGER
 
 
@@ -153,8 +153,10 @@ def _lowering_lines(m: Manifest) -> list[str]:
         )
         lines += [f"    GEMV {lw.op} {lw.rows}x{lw.cols}: {lw.chosen}{_timing(lw)}" for lw in graph.lowerings]
     n = m.native
-    if any(lw.chosen == DENSE for g in m.graphs for lw in g.lowerings):  # float graphs calling aotpack's GEMM
-        lines.append(f"  dense: aotpack's {n.isa} GEMM ({n.file}, {n.compiler})")
+    if DENSE in chosen_lowerings(m):  # float graphs calling aotpack's GEMMs
+        lines.append(f"  dense: aotpack's GEMM ({n.file}, built for {n.isa} by {n.compiler})")
+    if TILES in chosen_lowerings(m):
+        lines.append(f"  tiles: aotpack's bf16 GEMM on AMX tiles ({n.file}, built for {n.isa} by {n.compiler})")
     return ["decode graphs one per batch, GEMV kernels chosen per weight shape at build time:", *lines]
 
 

@@ -1,4 +1,5 @@
-"""Float weights through aotpack's own small-batch GEMM: the `dense` lowering of a decode graph's linears.
+"""Float weights through aotpack's own small-batch GEMMs: the `dense` and `tiles` lowerings of a decode
+graph's linears.
 
 Owns the op `aotpack::dense_linear(x, w)` (x (..., K) @ w (N, K).T, fp32 sums, output in x's dtype) and
 the C shim the compiled decode calls for it (`aoti_torch_cpu_dense_linear`, in the bundle's kernels.so,
@@ -8,7 +9,12 @@ timing chose it (exporter.lowering): it reuses each loaded (and converted) weigh
 activation rows and each weight tile across all of them, where Inductor's fused reductions spilled
 registers at 8 rows and ATen's mm ran a GEMV per row.
 
-The eager op exists for the export's timing and tests; the runtime's prefill never calls it.
+`aotpack::tiles_linear(x, w)` is the same product for bf16 activations and a bf16 weight on AMX tiles
+(C shim `aoti_torch_cpu_tiles_linear`): the weight as stored again, up to 16 activation rows a tile
+instruction, so a graph of 8 rows costs about what one costs. Only a kernels.so built for the `amx`
+path has it, and only in a process Linux grants the tiles to (runtime.quant.native.Library.tiles).
+
+The eager ops exist for the export's timing and tests; the runtime's prefill never calls them.
 """
 
 from __future__ import annotations
@@ -31,3 +37,20 @@ def _(x, w):
 
 
 OP = torch.ops.aotpack.dense_linear.default
+
+TILES_SHIM = (
+    "AOTITorchError aoti_torch_cpu_tiles_linear(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* ret0)"
+)
+
+
+@torch.library.custom_op("aotpack::tiles_linear", mutates_args=())
+def tiles_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return native.linear_tiles(x, w)
+
+
+@tiles_linear.register_fake
+def _(x, w):
+    return x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+TILES_OP = torch.ops.aotpack.tiles_linear.default

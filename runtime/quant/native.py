@@ -37,6 +37,8 @@ _SIGNATURES = {
 # them, and only bundles that call them (their manifest says so) need them.
 _ADDED = {
     "aotpack_linear_dense": ([_P, _I32, _I, _I, _P, _I32, _I, _P], _I32),
+    "aotpack_linear_tiles": ([_P, _I32, _I, _I, _P, _I32, _I, _P], _I32),
+    "aotpack_tiles_ready": ([], _I32),
     "aotpack_decode_attention": (
         [_P, _I32, _P, _P, _P, _I32, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_float, _P],
         _I32,
@@ -67,6 +69,12 @@ class Library:
             )
         self.isa = built
 
+    @property
+    def tiles(self) -> bool:
+        """Whether the `tiles` lowering runs here: the library has the AMX path and Linux granted this
+        process the tiles' state (without it, a tile instruction kills the process)."""
+        return hasattr(self._lib, "aotpack_tiles_ready") and bool(self._lib.aotpack_tiles_ready())
+
     def __getattr__(self, name):
         return getattr(self._lib, name)
 
@@ -74,10 +82,17 @@ class Library:
 _loaded: list[Library] = []
 
 
-def load(path: Path, isa: str) -> Library:
+def load(path: Path, isa: str, tiles: bool = False) -> Library:
     """Load a bundle's kernels.so (before the graphs that link against it); it serves the eager op if
-    none serves it yet."""
-    return register(Library(path, isa))
+    none serves it yet. `tiles`: the bundle's graphs call the `tiles` lowering, which must run here."""
+    library = Library(path, isa)
+    if tiles and not library.tiles:
+        raise IncompatibleBundleError(
+            "the bundle's decode graphs multiply bf16 weights on AMX tiles, which this process may not use "
+            "(Linux refused the tiles' state: a kernel before 5.16, or AMX switched off); re-export the "
+            "bundle on this machine, which then chooses another kernel, or with --gemv dense"
+        )
+    return register(library)
 
 
 def register(library: Library) -> Library:
@@ -155,12 +170,29 @@ def linear_dense(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -
     lib = lib or library()
     if not hasattr(lib._lib, "aotpack_linear_dense"):
         raise BundleError("this bundle's kernels.so predates the dense kernel; re-export the bundle")
-    y = torch.empty(m, w.shape[0], dtype=x.dtype)
-    wc = w.contiguous()
-    status = lib.aotpack_linear_dense(
-        x2.data_ptr(), code, m, k, wc.data_ptr(), DTYPE_CODES[w.dtype], w.shape[0], y.data_ptr()
-    )
-    _checked(status, "dense")
+    return _float_product(lib.aotpack_linear_dense, "dense", x, x2, code, w)
+
+
+def linear_tiles(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -> torch.Tensor:
+    """x (..., K) @ w (N, K).T, both bf16, on AMX tiles; output bf16."""
+    x2, code, m, k = _operands(x, (w,))
+    if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or w.dim() != 2 or w.shape[1] != k:
+        raise ValueError(
+            f"aotpack's tiles kernel takes bf16 activations and a bf16 (N, {k}) weight, got {x.dtype} and "
+            f"{w.dtype} {tuple(w.shape)}"
+        )
+    lib = lib or library()
+    if not lib.tiles:
+        raise BundleError(f"aotpack's kernels here ({lib.isa}) cannot run the tiles kernel: it needs AMX, granted")
+    return _float_product(lib.aotpack_linear_tiles, "tiles", x, x2, code, w)
+
+
+def _float_product(function, what: str, x, x2, code: int, w) -> torch.Tensor:
+    """`function` (aotpack_linear_dense's signature) over x2 (M, K), x's rows, and a float weight w."""
+    y = torch.empty(x2.shape[0], w.shape[0], dtype=x.dtype)
+    wc = w.contiguous()  # held until the call returns
+    status = function(x2.data_ptr(), code, *x2.shape, wc.data_ptr(), DTYPE_CODES[w.dtype], w.shape[0], y.data_ptr())
+    _checked(status, what)
     return y.view(*x.shape[:-1], w.shape[0])
 
 

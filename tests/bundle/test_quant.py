@@ -192,7 +192,7 @@ def test_a_cpu_without_the_kernels_instructions_is_refused_before_they_load(bund
     # what the decode .so needs (AVX2, FMA), without the F16C and BMI2 of the kernels' x86-64-v3
     monkeypatch.setattr(runtime.cpu, "cpu_flags", lambda: {"sse4_2", "avx", "avx2", "fma"})
     path = bundle("tiny-llama", *QUANTIZED["tiny-llama"])
-    isa = read_manifest(path).native.isa  # this machine's best path: avx2, avx-vnni or avx512-vnni
+    isa = read_manifest(path).native.isa  # this machine's best path: avx2, avx-vnni, avx512-vnni or amx
     with pytest.raises(IncompatibleBundleError, match=rf"compiled for '{isa}', which this CPU cannot run .*'f16c'"):
         load(path)
 

@@ -74,7 +74,7 @@ lowerings = st.builds(
     st.sampled_from(["linear", "int8", "int4"]),
     st.integers(1, 4096),
     st.integers(1, 4096),
-    st.dictionaries(names | st.just("dense"), st.floats(0, 100), max_size=3),
+    st.dictionaries(names | st.sampled_from(["dense", "tiles"]), st.floats(0, 100), max_size=3),
     st.none() | st.text(max_size=20),
 )
 constants = st.builds(
@@ -121,9 +121,11 @@ def manifests(draw):
         for b in batches
     ) + ((DecodeGraph(1, (), draw(parities), 1.0, chunk, True),) if chunk else ())
     native = None
-    dense = any(lw.chosen == "dense" for g in graphs for lw in g.lowerings)
-    if dense or (quantization is not None and quantization.kernels == "integer"):
-        native = NativeKernels("kernels.so", "libaotpack-kernels-0123456789abcdef.so", "avx2", 1, "g++ 12.2.0")
+    chosen = {lw.chosen for g in graphs for lw in g.lowerings}
+    dtype = "bfloat16" if "tiles" in chosen else dtype  # bf16 on AMX tiles: a bf16 bundle, kernels built for amx
+    if chosen & {"dense", "tiles"} or (quantization is not None and quantization.kernels == "integer"):
+        isa = "amx" if "tiles" in chosen else "avx2"
+        native = NativeKernels("kernels.so", "libaotpack-kernels-0123456789abcdef.so", isa, 1, "g++ 12.2.0")
     return Manifest(
         format_version=FORMAT_VERSION,
         aotpack_version="0.2.0",
@@ -510,11 +512,28 @@ def test_dense_lowerings_and_the_kernels_library_go_together(manifest):
     integer = raw["quantization"] is not None and raw["quantization"]["kernels"] == "integer"
     if not lowerings or integer:
         return
-    dense = any(lw["chosen"] == "dense" for lw in lowerings)
+    kernels = any(lw["chosen"] in ("dense", "tiles") for lw in lowerings)
     for lw in lowerings:
-        lw["chosen"] = "aten" if dense else "dense"
+        lw["chosen"] = "aten" if kernels else "dense"
         lw["gb_per_s"], lw["spread"] = {}, {}  # untimed (--gemv aten or dense)
     with pytest.raises(ManifestError, match="need `native`, and only they"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests(), st.sampled_from(["dtype", "isa"]))
+@settings(max_examples=30)
+def test_a_tiles_lowering_needs_a_bf16_bundle_with_kernels_built_for_amx(manifest, wrong):
+    """`tiles` multiplies bf16 on AMX tiles: a float16 bundle (its cache the same size), or kernels built
+    for another path, is refused."""
+    raw = json.loads(manifest.to_json())
+    if not any(lw["chosen"] == "tiles" for graph in raw["graphs"] for lw in graph["lowerings"]):
+        return
+    assert Manifest.from_json(_with_digest(raw)).native.isa == "amx"
+    if wrong == "dtype":
+        raw["dtype"] = "float16"
+    else:
+        raw["native"]["isa"] = "avx512-vnni"
+    with pytest.raises(ManifestError, match="lowering 'tiles' runs bf16 on AMX tiles"):
         Manifest.from_json(_with_digest(raw))
 
 
@@ -564,10 +583,11 @@ def test_inspect_names_what_calls_the_kernels_library(manifest):
     Inductor's quantized reductions and shows no dense GEMM."""
     native = manifest.native or NativeKernels("kernels.so", "libaotpack-kernels-0.so", "avx2", 1, "g++ 12.2.0")
     text = summary(replace(manifest, decode_attention=DecodeAttention("native", {}, 0), native=native))
-    q = manifest.quantization
+    q, isa = manifest.quantization, native.isa
     if q is not None:
         assert ("Inductor's dequantizing reductions" in text) == (q.kernels != "integer")
-        assert ("aotpack's avx2 kernels (kernels.so" in text) == (q.kernels == "integer")
-    dense = any(lw.chosen == "dense" for g in manifest.graphs for lw in g.lowerings)
-    assert ("  dense: aotpack's avx2 GEMM" in text) == dense
-    assert "attention    native (aotpack's avx2 kernel, kernels.so) (untimed)" in text
+        assert (f"aotpack's {isa} kernels (kernels.so" in text) == (q.kernels == "integer")
+    chosen = {lw.chosen for g in manifest.graphs for lw in g.lowerings}
+    assert (f"  dense: aotpack's GEMM (kernels.so, built for {isa}" in text) == ("dense" in chosen)
+    assert (f"  tiles: aotpack's bf16 GEMM on AMX tiles (kernels.so, built for {isa}" in text) == ("tiles" in chosen)
+    assert f"attention    native (aotpack's {isa} kernel, kernels.so) (untimed)" in text

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exporter.compile import kernel_options
-from exporter.lowering import BUSY_CPU_SHARE, KNOWN_GOOD, LINEAR, NOISY_SPREAD, WeightShape, _noise, tune
+from exporter.lowering import BUSY_CPU_SHARE, KNOWN_GOOD, LINEAR, NOISY_SPREAD, WeightShape, _noise, kept, tune
 from exporter.timing import Interleaved, interleaved_seconds
 
 
@@ -76,6 +76,20 @@ def test_a_scattered_winner_is_not_noise():
     """Scatter only slows a call down: the winner's lead can only have been larger."""
     timed = Interleaved(best={"aten": 1.0, "reduce": 1.05}, spread={"aten": 0.8, "reduce": 0.02}, cpu_share=0.7)
     assert _noise(timed) is None
+
+
+@pytest.mark.parametrize(
+    ("reduce_best", "share", "chosen"), [(3.0, 0.7, "dense"), (0.95, 0.7, "reduce"), (3.0, 0.3, "reduce")]
+)
+def test_noise_keeps_the_known_good_candidate_only_where_it_could_have_won(reduce_best, share, chosen):
+    """`aten` 40 % scattered beside a faster `dense`: noise. The known-good `reduce` is kept where its
+    scatter could have made it win, or where the cores were busy (every timing suspect); a clear loser
+    is not, and the fastest stands."""
+    best = {"aten": 1.0, "reduce": reduce_best, "dense": 0.9}
+    timed = Interleaved(best=best, spread={"aten": 0.4, "reduce": 0.1, "dense": 0.02}, cpu_share=share)
+    noisy = _noise(timed)
+    assert noisy is not None and kept(timed, noisy, "reduce") == chosen
+    assert kept(Interleaved(best=best, spread=dict.fromkeys(best, 0.01), cpu_share=0.7), None, "reduce") == "dense"
 
 
 def test_a_cuda_export_is_not_judged_by_its_idle_cpu_threads():
