@@ -257,7 +257,8 @@ def _reader(rt, body, prompt_ids):
     if getattr(body, "tool_mode", None) is None:
         return None
     prefix = rt.tokenizer.decode(prompt_ids[0].tolist())  # what the parser reads the reply after, once
-    return functools.partial(ReplyReader, rt.tokenizer, tools.response_template(rt), prefix, body.tool_dicts)
+    template = tools.response_template(rt)
+    return functools.partial(ReplyReader, rt.tokenizer, template, prefix, body.tool_dicts, body.stop)
 
 
 def _ended(app: FastAPI, request: Request, handle, text: TextStream, reply: Reply) -> None:

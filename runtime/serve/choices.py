@@ -1,7 +1,7 @@
 """The text of one request's choices, as its tokens arrive: one row of the engine per sampled choice.
 
-Owns: `ChoiceText`, one choice's text cut at the first stop string (excluded, as OpenAI does) while
-holding back only as much text as could still start one, its token count, logprobs and why it ended
+Owns: `StopCut`, text cut at the first stop string (excluded, as OpenAI does) while holding back only as
+much text as could still start one; `ChoiceText`, one choice's text so cut, its token count, logprobs and why it ended
 ("stop" when it cut at a stop string or its row produced an eos, else what the engine recorded:
 runtime.engine.status.FinishReason.openai); and `TextStream`, which feeds every row's tokens to its
 choice. `n` greedy choices are one row decoded once (they would be identical), reported as n choices.
@@ -15,11 +15,35 @@ from runtime.serve.logprobs import Scored, scored
 from runtime.text import TextPieces
 
 
+class StopCut:
+    """Text as it arrives (`add`), let out up to the first of `stops`: `stopped` once one appeared."""
+
+    def __init__(self, stops: list[str]):
+        self.stops, self.hold = stops, max((len(s) for s in stops), default=1) - 1  # what could start a stop
+        self.text, self.sent, self.stopped = "", 0, False
+
+    def add(self, piece: str, final: bool = False) -> str:
+        """The text that can go out now, `piece` added; with `final`, all of it up to a stop."""
+        if self.stopped:
+            return ""
+        self.text += piece
+        found = [i for s in self.stops if (i := self.text.find(s, max(0, self.sent - self.hold))) >= 0]
+        self.stopped = bool(found)
+        upto = min(found) if found else len(self.text) if final else len(self.text) - self.hold
+        if upto <= self.sent:
+            return ""
+        out, self.sent = self.text[self.sent : upto], upto
+        return out
+
+
 class ChoiceText:
     def __init__(self, tokenizer, stops: list[str], alternatives: int | None, eos_ids: tuple[int, ...]):
-        self.pieces, self.stops, self.alternatives, self.eos_ids = TextPieces(tokenizer), stops, alternatives, eos_ids
-        self.hold = max((len(s) for s in stops), default=1) - 1  # characters that could start a stop
-        self.text, self.sent = "", 0
+        self.pieces, self.cut, self.alternatives, self.eos_ids = (
+            TextPieces(tokenizer),
+            StopCut(stops),
+            alternatives,
+            eos_ids,
+        )
         self.completion_tokens = 0
         self.ended = False  # its row produced an eos or its text a stop: the tokens after it are padding
         self.finish_reason: str | None = None
@@ -32,39 +56,34 @@ class ChoiceText:
         self.completion_tokens += 1
         if self.alternatives is not None:
             self._scored.append(scored(token, logits, self.alternatives))
-        self.text += self.pieces.add(token)
+        piece = self.pieces.add(token)
         if token in self.eos_ids:
             self.ended, self.finish_reason = True, "stop"
-        return self._release(final=self.ended)
+        return self._release(piece, final=self.ended)
 
     def end(self, reason: str | None) -> str:
         """The request has ended with `reason` for this row: whatever text is still held back."""
         if self.finish_reason is not None:
             return ""
-        self.text += self.pieces.finish()
-        piece = self._release(final=True)
+        piece = self._release(self.pieces.finish(), final=True)
         self.finish_reason = self.finish_reason or reason
         return piece
 
     @property
     def content(self) -> str:
         """The text sent so far: every piece `add` and `end` returned, joined."""
-        return self.text[: self.sent]
+        return self.cut.text[: self.cut.sent]
 
     def taken(self) -> list[Scored]:
         """The tokens scored since the last call (the text sent so far comes from them)."""
         out, self._scored = self._scored, []
         return out
 
-    def _release(self, final: bool) -> str:
-        found = [i for s in self.stops if (i := self.text.find(s, max(0, self.sent - self.hold))) >= 0]
-        if found:
+    def _release(self, piece: str, final: bool) -> str:
+        out = self.cut.add(piece, final)
+        if self.cut.stopped:
             self.ended, self.finish_reason = True, "stop"
-        upto = min(found) if found else len(self.text) if final else len(self.text) - self.hold
-        if upto <= self.sent:
-            return ""
-        piece, self.sent = self.text[self.sent : upto], upto
-        return piece
+        return out
 
 
 class TextStream:

@@ -68,7 +68,7 @@ class Reply:
         message = folded(reader.finish(row.pieces.ids))
         if "tool_calls" not in message:
             message["content"] = message["content"] or ""
-        return message, self._finish(row, message)
+        return message, self._finish(row, reader)
 
     def _reader(self, row: ChoiceText):
         """The row's ReplyReader: one a row, which greedy copies share."""
@@ -77,9 +77,10 @@ class Reply:
         return self.readers[id(row)]
 
     @staticmethod
-    def _finish(row: ChoiceText, said: dict) -> str | None:
-        """A choice that ended on its own having called finishes with "tool_calls"; a call cut short, "length"."""
-        return "tool_calls" if said.get("tool_calls") and row.finish_reason == "stop" else row.finish_reason
+    def _finish(row: ChoiceText, reader) -> str | None:
+        """A choice that ended on its own having made a whole call finishes with "tool_calls"; one whose call
+        the token budget or a stop string cut short, with "length" or "stop"."""
+        return "tool_calls" if reader.called and row.finish_reason == "stop" else row.finish_reason
 
     def _remaining(self) -> dict[int, list]:
         """Each row's tokens not yet handed out, by id(row): greedy copies share their row's."""
@@ -112,13 +113,13 @@ class Reply:
         into a call is held back), for each choice the row makes; the tokens' logprobs ride on the first
         chunk that follows them, and `last` adds the finish."""
         scored = row.taken() if deltas or last else []  # copies share the row's tokens: taken once, sent to each
-        said = {"tool_calls": self._reader(row).calls}
+        reader = self._reader(row)
         chunks = []
         for index in (i for i, c in self.text.choices if c is row):
             logprobs = self._logprobs(index, "", scored) if scored else None
             chunks += [self._delta(index, delta, logprobs if k == 0 else None) for k, delta in enumerate(deltas)]
             if last:
-                chunks.append(self._delta(index, {}, None if deltas else logprobs, self._finish(row, said)))
+                chunks.append(self._delta(index, {}, None if deltas else logprobs, self._finish(row, reader)))
         return chunks
 
     def _piece(self, index: int, row: ChoiceText, piece: str | None, scored: list) -> dict:

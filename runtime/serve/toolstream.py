@@ -8,6 +8,11 @@ body is JSON naming the function before its arguments (`{"name": ..., "arguments
 the name is complete, then the arguments object's text piece by piece, as vLLM and llama-server stream
 them. Any other call goes out whole when the parser closes it, its arguments as the parser read them.
 A whole (non-streamed) reply is these same deltas folded together, so both agree.
+
+Stop strings cut the model's text before the parser reads it (runtime.serve.choices.StopCut, over the text
+with the markup's special tokens), as vLLM applies them to the raw output: what follows a stop is never
+read, content or call. A call the cut leaves open goes out as far as it was written, as one cut by the
+token budget does, and is not complete: the choice then finishes with "stop", not "tool_calls".
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import re
 import uuid
 
 from runtime import compat
+from runtime.serve.choices import StopCut
 from runtime.text import TextPieces
 
 # The head of a JSON call body up to its arguments' value: the name must come first to be streamed.
@@ -29,6 +35,7 @@ class _Call:
     def __init__(self, index: int):
         self.index, self.id = index, f"call_{uuid.uuid4().hex[:24]}"
         self.body, self.sent, self.arguments_at = "", 0, None  # arguments_at: where they start, once streamed
+        self.complete = False  # the parser read it whole: its markup closed and its body parsed
 
     def grow(self, text: str) -> list[dict]:
         """The deltas `text`, more of the call's body, lets out (none until the name is complete)."""
@@ -48,8 +55,10 @@ class _Call:
         """Whether its id and name have gone out (its arguments then follow as written)."""
         return self.arguments_at is not None
 
-    def close(self, value) -> list[dict]:
-        """The call's last deltas, once the parser has read it whole (`value`: its parsed call)."""
+    def close(self, value, complete: bool = True) -> list[dict]:
+        """The call's last deltas, once the parser has closed it (`value`: its parsed call; not `complete`
+        where its body did not parse, e.g. cut short)."""
+        self.complete = complete
         if self.opened:
             return self._arguments()
         function = value.get("function", {}) if isinstance(value, dict) else {}
@@ -91,24 +100,31 @@ def _object_length(text: str) -> int:
 
 
 class ReplyReader:
-    """One choice's tokens in, OpenAI deltas out: `feed` the row's ids so far, `finish` with all of them."""
+    """One choice's tokens in, OpenAI deltas out: `feed` the row's ids so far, `finish` with all of them;
+    the text after the first of `stops` is not read."""
 
-    def __init__(self, tokenizer, template: dict, prefix: str, tools: list[dict]):
+    def __init__(self, tokenizer, template: dict, prefix: str, tools: list[dict], stops: list[str] | None = None):
         self.parser = compat.response_parser(template, prefix, tools)
         self.text = TextPieces(tokenizer, skip_special_tokens=False)  # the markup may be special tokens
+        self.cut = StopCut(list(stops or []))
         self.stripped = {name: _strips(f) for name, f in template["fields"].items() if name in _TEXT_FIELDS}
         self.calls: list[_Call] = []
         self.fresh, self.held = True, ""  # a text region's start, and whitespace that may be its end
 
     def feed(self, ids: list[int]) -> list[dict]:
         """The deltas of the ids not seen before (`ids`: all of the row's so far)."""
-        piece = "".join(self.text.add(token) for token in ids[len(self.text.ids) :])
+        piece = self.cut.add("".join(self.text.add(token) for token in ids[len(self.text.ids) :]))
         return self._deltas(self.parser.feed(piece)) if piece else []
 
     def finish(self, ids: list[int]) -> list[dict]:
         """The last deltas, once the row has ended with `ids`."""
-        deltas = self.feed(ids) + self._deltas(self.parser.feed(self.text.finish()))
+        deltas = self.feed(ids) + self._deltas(self.parser.feed(self.cut.add(self.text.finish(), final=True)))
         return deltas + self._deltas(self.parser.finalize()[1])
+
+    @property
+    def called(self) -> bool:
+        """Whether the reply holds a call the parser read whole (what finishes a choice with "tool_calls")."""
+        return any(call.complete for call in self.calls)
 
     def _deltas(self, events: list[dict]) -> list[dict]:
         out = []
@@ -144,7 +160,7 @@ class ReplyReader:
         if event.get("error") and not call.opened:  # not a call after all: what the model wrote is text
             self.calls.pop()
             return [{"content": call.body.strip()}] if call.body.strip() else []
-        return call.close(event.get("value"))
+        return call.close(event.get("value"), complete=not event.get("error"))
 
 
 _TEXT_FIELDS = ("content", "reasoning_content")

@@ -569,6 +569,23 @@ def test_a_streamed_call_arrives_as_it_is_written_and_matches_the_whole_reply(qw
     assert _called(chunks, True) == _called(whole, False) and len(whole.choices[0].logprobs.content) == len(scored)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_inside_a_call_cuts_it_and_one_after_it_keeps_it(qwen, stream):
+    """The named call's arguments follow the schema, "city" then "unit". A stop at '"unit"' cuts the
+    call there: its arguments end before the stop, nothing after is read, and the choice finishes "stop"
+    (the call is not whole). A stop at its closing tag leaves the call whole: "tool_calls", arguments
+    that parse."""
+    ask = {"model": MODEL, "messages": QUESTION, "tools": TOOLS, "temperature": 1.0, "max_tokens": 96, "seed": 3}
+    ask |= {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "stream": stream}
+    calls, finish = _called(client(qwen).chat.completions.create(**ask, stop=['"unit"']), stream)
+    ((name, arguments),) = calls
+    assert name == "get_weather" and finish == "stop" and '"unit"' not in arguments
+    assert arguments.startswith('{"city"') and arguments.rstrip().endswith(",")
+    calls, finish = _called(client(qwen).chat.completions.create(**ask, stop=["</tool_call>"]), stream)
+    ((name, arguments),) = calls
+    assert finish == "tool_calls" and set(json.loads(arguments)) == {"city", "unit"}
+
+
 def test_auto_tool_choice_shows_what_the_model_does_and_none_gives_text(qwen):
     ask = {"model": MODEL, "messages": QUESTION, "tools": TOOLS, "max_tokens": 16, "temperature": 0}
     auto = client(qwen).chat.completions.create(**ask)  # a random model writes no call: text, finish length

@@ -33,13 +33,15 @@ def qwen(checkpoint):
     return tokenizer, compat.response_template(tokenizer, model), prefix
 
 
-def _streamed(qwen, text: str) -> list[dict]:
-    """The deltas of `text`'s tokens fed one at a time, as the engine makes them."""
+def _streamed(qwen, text: str, stops: list[str] | None = None, reader: list | None = None) -> list[dict]:
+    """The deltas of `text`'s tokens fed one at a time, as the engine makes them (`reader`: gets the reader)."""
     tokenizer, template, prefix = qwen
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    reader = ReplyReader(tokenizer, template, prefix, [])
-    deltas = [delta for n in range(1, len(ids)) for delta in reader.feed(ids[:n])]
-    return deltas + reader.finish(ids)
+    made = ReplyReader(tokenizer, template, prefix, [], stops)
+    deltas = [delta for n in range(1, len(ids)) for delta in made.feed(ids[:n])]
+    if reader is not None:
+        reader.append(made)
+    return deltas + made.finish(ids)
 
 
 @pytest.mark.parametrize("name", REPLIES)
@@ -91,3 +93,38 @@ def test_constrained_calls_take_any_json_call_between_fixed_markers():
     own = qwen | {"open_pattern": r"\s*<\|python_tag\|>", "close": "<|eom_id|>"}
     assert _json_markup(own) == ("<|python_tag|>", "<|eom_id|>")
     assert _json_markup(qwen | {"open_pattern": r"\s*<call\d>"}) is None  # more than one text opens it
+
+
+def _whole(qwen, text: str, stops: list[str]) -> tuple[dict, bool]:
+    """(the message, whether a call was read whole) of `text` read at once, as a non-streamed reply is."""
+    tokenizer, template, prefix = qwen
+    reader = ReplyReader(tokenizer, template, prefix, [], stops)
+    return folded(reader.finish(tokenizer(text, add_special_tokens=False)["input_ids"])), reader.called
+
+
+@pytest.mark.parametrize(
+    ("stop", "content", "arguments", "called"),
+    [
+        ("check", "Let me", None, False),  # before the call: no call is read at all
+        ('"unit"', "Let me check.", '{"city": "Pa\\"ris }", ', False),  # inside it: cut where the stop begins
+        ("</tool_call>", "Let me check.", CALL[CALL.index('{"city"') : -1], True),  # its closing tag: read whole
+    ],
+)
+def test_a_stop_string_cuts_the_text_before_the_parser_reads_it(qwen, stop, content, arguments, called):
+    """What follows a stop string is never read, content or call; a call it cuts short is not complete
+    (its choice finishes "stop"); streamed token by token, the same message."""
+    text = REPLIES["content then a call"] + "\nObservation: sunny"
+    readers: list = []
+    streamed = folded(_streamed(qwen, text, [stop, "Observation:"], readers))
+    whole, whole_called = _whole(qwen, text, [stop, "Observation:"])
+    assert _ids_aside(streamed) == _ids_aside(whole)
+    assert whole.get("content") == content and whole_called == called == readers[0].called
+    calls = whole.get("tool_calls", [])
+    assert [c["function"]["arguments"] for c in calls] == ([arguments] if arguments is not None else [])
+    texts = [whole.get("content") or "", *(c["function"]["arguments"] for c in calls)]
+    assert not any(stop in t or "sunny" in t for t in texts)
+
+
+def _ids_aside(message: dict) -> dict:
+    """The message with its calls' ids (random per reader) set aside."""
+    return message | {"tool_calls": [c | {"id": None} for c in message.get("tool_calls", [])]}
