@@ -23,34 +23,24 @@ import torch
 
 from runtime.quant import native
 
-SHIM = "AOTITorchError aoti_torch_cpu_dense_linear(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* ret0)"
+
+def _shim(name: str) -> str:
+    return f"AOTITorchError aoti_torch_cpu_{name}(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* ret0)"
 
 
-@torch.library.custom_op("aotpack::dense_linear", mutates_args=())
-def dense_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return native.linear_dense(x, w)
+def _float_op(name: str, kernel: str):
+    """The op aotpack::`name`(x, w) -> x @ w.T through runtime.quant.native's `kernel`, and its fake."""
+
+    @torch.library.custom_op(f"aotpack::{name}", mutates_args=())
+    def op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return getattr(native, kernel)(x, w)
+
+    @op.register_fake
+    def _(x, w):
+        return x.new_empty(*x.shape[:-1], w.shape[0])
+
+    return getattr(torch.ops.aotpack, name).default
 
 
-@dense_linear.register_fake
-def _(x, w):
-    return x.new_empty(*x.shape[:-1], w.shape[0])
-
-
-OP = torch.ops.aotpack.dense_linear.default
-
-TILES_SHIM = (
-    "AOTITorchError aoti_torch_cpu_tiles_linear(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* ret0)"
-)
-
-
-@torch.library.custom_op("aotpack::tiles_linear", mutates_args=())
-def tiles_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return native.linear_tiles(x, w)
-
-
-@tiles_linear.register_fake
-def _(x, w):
-    return x.new_empty(*x.shape[:-1], w.shape[0])
-
-
-TILES_OP = torch.ops.aotpack.tiles_linear.default
+OP, SHIM = _float_op("dense_linear", "linear_dense"), _shim("dense_linear")
+TILES_OP, TILES_SHIM = _float_op("tiles_linear", "linear_tiles"), _shim("tiles_linear")
