@@ -226,12 +226,16 @@ def test_a_killed_processs_copy_is_removed_by_the_next_load(bundle, tmp_path):
     run = lambda how: subprocess.Popen(  # noqa: E731
         [sys.executable, "-c", script, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
     )
-    live, dead = run("stay"), run("die")
-    kept, gone = Path(live.stdout.readline().strip()), Path(dead.stdout.readline().strip())
+    # One after the other: a live process loading while the other dies would remove its copy early.
+    dead = run("die")
+    gone = Path(dead.stdout.readline().strip())
     assert dead.wait(timeout=120) == -signal.SIGKILL and gone.parent == tmp_path and (gone / WEIGHTS).is_file()
+    live = run("stay")
+    kept = Path(live.stdout.readline().strip())
+    assert not gone.exists() and (kept / WEIGHTS).is_file()
     script_load = f"from runtime import load; load({str(bundle(BASE))!r})"
     subprocess.run([sys.executable, "-c", script_load], check=True, env=env, timeout=300)
-    assert not gone.exists() and (kept / WEIGHTS).is_file()
+    assert (kept / WEIGHTS).is_file()
     live.communicate("\n", timeout=120)
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith("aotpack-")]
     assert left == []  # the live one removed its own at exit, and so did the last load
