@@ -7,7 +7,8 @@ naming it by a build id (a hash of the sources, flags and compiler), which is al
 graphs record that name as a dependency, and the runtime loads the bundle's copy before them
 (runtime.quant.native). The instruction path follows from the target: 512-bit VNNI `dpbusd` where it has
 AVX512-VNNI, 256-bit where it has AVX-VNNI, else AVX2's `maddubs`, else plain C++; every path computes
-the same bits (exporter/csrc/lanes.h).
+the same bits (exporter/csrc/lanes.h); a CPU with AMX also gets its tiles (bf16's `tiles` lowering,
+and int8 calls of 5 to 32 rows, with the same bits as the VNNI path).
 
 Builds are kept in a cache by build id (`aotpack cache` lists and clears it), so exporting a second
 bundle does not compile them again.
@@ -59,7 +60,7 @@ def target_flags(cpu_isa: str, isa_override: str | None = None) -> tuple[str, ..
             "avx2": ("-march=x86-64-v3",),
             "avx-vnni": ("-march=x86-64-v3", "-mavxvnni"),
             "avx512-vnni": ("-march=x86-64-v4", "-mavx512vnni"),
-            "amx": ("-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"),
+            "amx": ("-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-mamx-int8"),
         }[isa_override]
     if platform.machine() in ("aarch64", "arm64"):
         return ("-mcpu=native",)

@@ -195,17 +195,6 @@ inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n,
 }
 #endif
 
-// Whether this build can run the `tiles` lowering in this process: it has the AMX path, and Linux granted
-// the tiles' state on request (arch_prctl; once a process).
-bool tiles_ready() {
-#if defined(AOTPACK_AMX)
-  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return granted;
-#else
-  return false;
-#endif
-}
-
 #if defined(AOTPACK_AMX)
 // bf16 activations against bf16 weights on AMX tiles: `tdpbf16ps` multiplies a tile of 16 weight rows by
 // 32 columns (the weight as stored: rows K apart) into up to 16 activation rows at once, the products of 16
@@ -220,12 +209,6 @@ bool tiles_ready() {
 // rows (verify graphs) take one pass over the weights per 16.
 constexpr int AMX_ROWS = 16;    // weight rows a tile (its rows), and activation rows a tile (its columns)
 constexpr int AMX_COLS = 32;    // bf16 columns a step: a tile row's 64 bytes
-
-struct TileConfig {  // the layout ldtilecfg reads (palette 1)
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // x's rows m0 .. m0 + mc (mc <= 16) in B-tile layout: for each step s of 32 columns, 16 rows (column pairs)
 // of mc x 2 bf16: row i holds (x[m, 32s + 2i], x[m, 32s + 2i + 1]) for each m.
@@ -492,6 +475,15 @@ const float* as_f32(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
 }
 
 }  // namespace
+
+bool tiles_ready() {  // quant_common.h
+#if defined(AOTPACK_AMX)
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return granted;
+#else
+  return false;
+#endif
+}
 
 int32_t linear_dense(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, const void* w, int32_t wtype,
                      int64_t N, void* y) {

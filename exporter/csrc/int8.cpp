@@ -10,6 +10,7 @@
 // where VNNI's dpbusd multiplies the stored unsigned bytes with x's 4 signed bytes of a group, broadcast to
 // every lane, and the block starts at -128 * s[m, b] to take the offset back out (lanes.h). One vector of a
 // weight group serves MR activation rows; each block costs one conversion and one fma per 16 rows.
+// In a build for AMX, calls of 5 to 32 activation rows multiply on tiles instead (gemm_tiles), to the same bits.
 #include "lanes.h"
 #include "shim_common.h"
 
@@ -45,21 +46,29 @@ struct Int8 {
       }
       for (int i = 0; i < T * R; i++) acc[i] = fma_int(dots[i], a.d[(m + i % R) * nb + b], acc[i]);
     }
-    if (full < nb) {  // the last K % 32 columns, row by row after the blocks
+    for (int t = 0; t < T; t++)
+      for (int r = 0; r < R; r++) out[t * R + r] = finish(a, n0 + t * TILE, full, m + r, acc[t * R + r]);
+  }
+
+  // Row m's lanes of the tile from weight row n0, whose blocks before b0 summed to acc: the blocks from b0
+  // (the tiles' pass leaves an odd last one), the last K % 32 columns, then the rows' scales.
+  FloatLanes finish(const Activations& a, int64_t n0, int64_t b0, int64_t m, FloatLanes acc) const {
+    const int64_t full = K / BLOCK, nb = a.nb;
+    const uint8_t* tile = codes + n0 * K;
+    for (int64_t b = b0; b < full; b++) {
+      IntLanes dots = offset_start(a.s[m * nb + b]);
+      for (int g = 0; g < BLOCK / GROUP; g++)
+        dots = dot_offset(dots, offset_weights(byte_lanes(tile + b * TILE * BLOCK + g * TILE * GROUP)), x4(a, m, b, g));
+      acc = fma_int(dots, a.d[m * nb + b], acc);
+    }
+    if (full < nb) {
       const int64_t kept = K - full * BLOCK;
-      for (int t = 0; t < T; t++) {
-        const uint8_t* w = tiles + t * span + full * TILE * BLOCK;
-        for (int r = 0; r < R; r++) {
-          alignas(64) int32_t dots[TILE];
-          for (int l = 0; l < TILE; l++) dots[l] = tail_dot(w + l * kept, a.row(m + r) + full * BLOCK, kept);
-          acc[t * R + r] = fma_int(int_lanes_load(dots), a.d[(m + r) * nb + full], acc[t * R + r]);
-        }
-      }
+      const uint8_t* w = tile + full * TILE * BLOCK;
+      alignas(64) int32_t dots[TILE];
+      for (int l = 0; l < TILE; l++) dots[l] = tail_dot(w + l * kept, a.row(m) + full * BLOCK, kept);
+      acc = fma_int(int_lanes_load(dots), a.d[m * nb + full], acc);
     }
-    for (int t = 0; t < T; t++) {
-      const FloatLanes scale = float_lanes_load(scales + n0 + t * TILE);
-      for (int r = 0; r < R; r++) out[t * R + r] = mul(acc[t * R + r], scale);
-    }
+    return mul(acc, float_lanes_load(scales + n0));
   }
 
   // Not vectorized: for a VNNI target GCC 12 turns this loop into dpbusd and computes a wrong sum.
@@ -80,6 +89,184 @@ struct Int8 {
   }
 };
 
+#if defined(AOTPACK_AMX)
+// int8 on AMX tiles, in a build for a CPU that has them and a process Linux granted them. `tdpbsud`
+// multiplies signed activation bytes (tile A) by the unsigned weight bytes (tile B) and sums each 4; a
+// tile's two blocks side by side in the lanes layout (1 KB) are already a B tile of 16 rows of 64 bytes, 4
+// columns of each of the 16 weight rows a row. A holds each activation row twice (Pairs): once with the
+// first block's 32 bytes and zeros, once with zeros and the second's. So one instruction gives the exact
+// integer dot products of both blocks for up to 8 activation rows and the 16 weight rows (C: row 2m the
+// first block's, 2m + 1 the second's), where the VNNI path takes 16 `dpbusd` an activation row. Each
+// block's sums then take the lanes' steps (the -128 offset, conversion, fma with the block's step) in the
+// lanes' order, and finish() the rest, so the bits are the lanes' and the scalar path's.
+// A pass takes 2 weight tiles sharing A; even pairs of blocks go to C tiles 0 and 1 (A in tile 4), odd
+// ones to 2 and 3 (A in tile 5), so that one pair's products run while the last pair's sums are stored
+// and taken (tiles are not renamed: with one set, each pair waited for the last one's store). Weights in
+// tiles 6 and 7, fetched into L2 a pass ahead and into L1 a pair ahead (tile loads wait for their lines:
+// without the prefetches Gemma 3's int8 `lm_head` read at 29 GB/s, with them 38-42). One block a product
+// (tile A as the activations are, 32 bytes a row) cost 5.0 ms an 8-row `lm_head` where pairs cost 4.7.
+constexpr int AMX_TILES = 2;  // weight tiles a pass
+constexpr int AMX_ROWS = 8;   // activation rows a pass: two tile rows each
+
+// The activations as tile A for each pair of blocks: rows m0 .. m0 + 8 of the call, chunk by chunk, each
+// pair's 16 rows of 64 bytes (zero past the chunk's rows).
+struct Pairs {
+  int64_t pairs = 0;  // whole pairs of blocks in K
+  std::vector<int8_t> bytes;
+  std::vector<int32_t> offsets;  // (M, blocks): -128 times each block's sum (the weights' stored offset)
+  const int8_t* at(int64_t m0, int64_t p) const { return bytes.data() + ((m0 / AMX_ROWS) * pairs + p) * 1024; }
+
+  void fill(const Activations& a, int64_t K) {
+    pairs = K / BLOCK / 2;
+    const int64_t chunks = (a.M + AMX_ROWS - 1) / AMX_ROWS;
+    bytes.assign(size_t(chunks * pairs * 1024), 0);
+    offsets.resize(a.s.size());
+    for (size_t i = 0; i < offsets.size(); i++) offsets[i] = minus_128_times(a.s[i]);
+    for (int64_t m = 0; m < a.M; m++)
+      for (int64_t p = 0; p < pairs; p++) {
+        int8_t* rows = bytes.data() + ((m / AMX_ROWS) * pairs + p) * 1024 + (m % AMX_ROWS) * 128;
+        std::memcpy(rows, a.row(m) + 2 * p * BLOCK, BLOCK);
+        std::memcpy(rows + 64 + BLOCK, a.row(m) + (2 * p + 1) * BLOCK, BLOCK);
+      }
+  }
+};
+
+void configure_tiles(int64_t mc) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; t++) cfg.rows[t] = uint8_t(t >= 6 ? TILE : 2 * mc), cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+// Pair products into C tiles c0 (and c1 where T = 2): A from x into tile xt, the T weight tiles' pair at w
+// (span bytes apart). Macros: the tile intrinsics paste their tile numbers into the instruction.
+#define AOTPACK_PRODUCTS(c0, c1, xt, x, w)     \
+  do {                                        \
+    _tile_loadd(xt, x, 64);                   \
+    _tile_zero(c0);                           \
+    _tile_loadd(6, w, 64);                    \
+    _tile_dpbsud(c0, xt, 6);                  \
+    if constexpr (T > 1) {                    \
+      _tile_zero(c1);                         \
+      _tile_loadd(7, (w) + span, 64);         \
+      _tile_dpbsud(c1, xt, 7);                \
+    }                                         \
+  } while (0)
+#define AOTPACK_STORE(c0, c1)                                   \
+  do {                                                          \
+    _tile_stored(c0, sums[0], 64);                              \
+    if constexpr (T > 1) _tile_stored(c1, sums[1], 64);         \
+  } while (0)
+
+// y[m0 .. m0 + mc, the T tiles from weight row n0] (tiles configured for mc <= 8 rows). `fetch`: prefetch
+// the T tiles that follow.
+template <int D, int T>
+__attribute__((noinline)) void tiles_pass(const Int8& s, const Activations& a, const Pairs& x, int64_t n0,
+                                          int64_t m0, int64_t mc, int64_t N, void* y, bool fetch) {
+  const int64_t nb = a.nb, span = TILE * s.K, pairs = x.pairs;
+  const uint8_t* tiles = s.codes + n0 * s.K;
+  alignas(64) int32_t sums[AMX_TILES][2 * AMX_ROWS * TILE];  // (weight tile)(activation row, block, lane)
+  FloatLanes acc[AMX_TILES * AMX_ROWS];
+  for (int i = 0; i < T * mc; i++) acc[i] = zero_lanes();
+  auto w = [&](int64_t p) {  // pair p's weights, fetching the next T tiles' same pair, and the next pair
+    const uint8_t* wp = tiles + p * 2 * TILE * BLOCK;
+    for (int t = 0; t < T; t++)
+      for (int line = 0; line < 2 * TILE * BLOCK / 64; line++) {
+        if (fetch) prefetch_l2(wp + (T + t) * span + line * 64);
+        prefetch(wp + t * span + 2 * TILE * BLOCK + line * 64);
+      }
+    return wp;
+  };
+  auto take = [&](int64_t b) {  // blocks b, b + 1's sums (in `sums`) into the rows' float sums, in order
+    for (int64_t m = 0; m < mc; m++)
+      for (int j = 0; j < 2; j++) {
+        const __m512i offset = _mm512_set1_epi32(x.offsets[(m0 + m) * nb + b + j]);
+        const float d = a.d[(m0 + m) * nb + b + j];
+        for (int t = 0; t < T; t++) {
+          const __m512i dot = _mm512_add_epi32(_mm512_load_si512(sums[t] + (2 * m + j) * TILE), offset);
+          acc[t * mc + m] = fma_int(IntLanes{dot}, d, acc[t * mc + m]);
+        }
+      }
+  };
+  int64_t p = 0;
+  for (; p + 1 < pairs; p += 2) {
+    AOTPACK_PRODUCTS(0, 1, 4, x.at(m0, p), w(p));
+    if (p > 0) {
+      AOTPACK_STORE(2, 3);
+      take(2 * (p - 1));
+    }
+    AOTPACK_PRODUCTS(2, 3, 5, x.at(m0, p + 1), w(p + 1));
+    AOTPACK_STORE(0, 1);
+    take(2 * p);
+  }
+  if (p > 0) {
+    AOTPACK_STORE(2, 3);
+    take(2 * (p - 1));
+  }
+  if (p < pairs) {
+    AOTPACK_PRODUCTS(0, 1, 4, x.at(m0, p), w(p));
+    AOTPACK_STORE(0, 1);
+    take(2 * p);
+  }
+  for (int t = 0; t < T; t++)
+    for (int64_t m = 0; m < mc; m++)
+      store_lanes<D>(s.finish(a, n0 + t * TILE, 2 * pairs, m0 + m, acc[t * mc + m]), y,
+                     (m0 + m) * N + n0 + t * TILE);
+}
+#undef AOTPACK_PRODUCTS
+#undef AOTPACK_STORE
+
+// y (M, N) on tiles: each thread an even share of the weight tiles, 2 at a time, each against the
+// activation rows 8 at a time (the 2 tiles stay in cache while further rows pass); then the lone rows.
+template <int D> void gemm_tiles(const Int8& s, const Activations& a, int64_t N, void* y) {
+  const int64_t M = a.M, tiles = N / TILE;
+  thread_local Pairs x;
+  x.fill(a, s.K);
+  const Pairs& pairs = x;  // the calling thread's, shared with the team
+#pragma omp parallel
+  {
+    const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(omp_get_num_threads(), tiles));
+    const int64_t p = std::min<int64_t>(omp_get_thread_num(), shares);
+    int64_t configured = 0;
+    for (int64_t t0 = tiles * p / shares, t1 = tiles * std::min(p + 1, shares) / shares; t0 < t1;) {
+      const int64_t T = std::min<int64_t>(AMX_TILES, t1 - t0);
+      for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
+        const int64_t mc = std::min<int64_t>(AMX_ROWS, M - m0);
+        if (mc != configured) configure_tiles(mc), configured = mc;
+        const bool fetch = m0 == 0;
+        if (T == 2) tiles_pass<D, 2>(s, a, pairs, t0 * TILE, m0, mc, N, y, fetch);
+        else tiles_pass<D, 1>(s, a, pairs, t0 * TILE, m0, mc, N, y, fetch);
+      }
+      t0 += T;
+    }
+    if (configured) _tile_release();
+  }
+  lone_rows<D>(s, a, tiles * TILE, N, y);
+}
+#endif
+
+// Calls of this many activation rows go on tiles where the build and process can. Gemma 3's int8 `lm_head`
+// (Intel Xeon, 2 threads), ms, VNNI path / tiles: 4 rows 5.1 / 5.3, 5 rows 5.2 / 4.4, 8 rows 5.9 / 4.9,
+// 16 rows 11.2 / 9.6, 32 rows 22.7 / 19.4, 64 rows 41 / 48 (where storing and taking each pair's sums cost
+// more than the VNNI path's 16 `dpbusd` a row: a long prompt's prefill stays on the VNNI path).
+constexpr int64_t TILES_FROM_ROWS = 5, TILES_TO_ROWS = 32;
+
+// Whether an int8 call of M activation rows runs on AMX tiles in this process.
+bool int8_tiles(int64_t M) {
+#if defined(AOTPACK_AMX)
+  return M >= TILES_FROM_ROWS && M <= TILES_TO_ROWS && tiles_ready();
+#else
+  (void)M;
+  return false;
+#endif
+}
+
+template <int D> void gemm_int8(const Int8& s, const Activations& a, int64_t N, void* y) {
+#if defined(AOTPACK_AMX)
+  if (int8_tiles(a.M)) return gemm_tiles<D>(s, a, N, y);
+#endif
+  gemm_as<D>(s, a, N, y);
+}
+
 }  // namespace
 
 int32_t linear_int8(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* codes,
@@ -88,12 +275,20 @@ int32_t linear_int8(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
   if (M == 0 || N == 0) return OK;
   Activations& a = scratch();
   if (!quantize(x, dtype, M, K, ldx, a)) return BAD_DTYPE;
-  return gemm(Int8{codes, scales, K}, a, dtype, N, y);
+  const Int8 s{codes, scales, K};
+  switch (dtype) {
+    case F32: gemm_int8<F32>(s, a, N, y); return OK;
+    case BF16: gemm_int8<BF16>(s, a, N, y); return OK;
+    case F16: gemm_int8<F16>(s, a, N, y); return OK;
+    default: return BAD_DTYPE;
+  }
 }
 
 }  // namespace aotpack
 
 extern "C" {
+
+int32_t aotpack_int8_tiles(int64_t M) { return aotpack::int8_tiles(M); }
 
 int32_t aotpack_linear_int8(const void* x, int32_t dtype, int64_t M, int64_t K, const uint8_t* codes,
                             const float* scales, int64_t N, void* y) {

@@ -20,9 +20,10 @@
 #include <immintrin.h>
 #define AOTPACK_AVX2 1
 #endif
-// dense.cpp's bf16 tiles: only in the build isa() names "amx", whose CPU check covers them
-#if defined(AOTPACK_AVX2) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512VNNI__) && \
-    defined(__AVX512VL__)
+// dense.cpp's bf16 tiles and int8.cpp's int8 tiles: only in the build isa() names "amx", whose CPU check
+// covers them
+#if defined(AOTPACK_AVX2) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__) && \
+    defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define AOTPACK_AMX 1
 #endif
 
@@ -101,6 +102,18 @@ inline float hsum(__m256 v) {  // one fixed order, so every caller rounds alike
   x = _mm_add_ss(x, _mm_movehdup_ps(x));
   return _mm_cvtss_f32(x);
 }
+#endif
+
+// Whether this build can compute on AMX tiles in this process: it has the AMX path, and Linux granted the
+// tiles' state on request (arch_prctl; once a process). dense.cpp.
+bool tiles_ready();
+
+#if defined(AOTPACK_AMX)
+struct TileConfig {  // the layout ldtilecfg reads (palette 1)
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
 #endif
 
 // Which instruction path this build compiled: the manifest records it, and the runtime checks the CPU.

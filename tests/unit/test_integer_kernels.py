@@ -1,6 +1,6 @@
 """aotpack's integer kernels (exporter/csrc, runtime.quant.native) against a reference in fp64, on every
-instruction path this machine can run (each built on purpose; the others are skipped by name) and this
-machine's built to take one weight tile a pass, over odd
+instruction path this machine can run (each built on purpose; the others are skipped by name; the AMX
+build runs int8 calls of 5 to 32 rows on tiles) and this machine's built to take one weight tile a pass, over odd
 shapes: K not a multiple of the 32-column block, N = 1, N not a multiple of the 16-row tile, a batch longer
 than the kernels' 64-row chunk. Also the tile layouts' round trips and the activation format itself."""
 
@@ -13,7 +13,7 @@ from helpers import isa_library
 from exporter import kernels
 from runtime.quant import INT4, INTEGER, QuantSpec, int4_dot, int8_dot, native, scheme, tiles
 
-PATHS = ("scalar", "avx2", "avx-vnni", "avx512-vnni")
+PATHS = ("scalar", "avx2", "avx-vnni", "avx512-vnni", "amx")  # amx: int8 calls of 5 to 32 rows on tiles
 # (M, K, N): N = 1, N within one 16-row tile, whole tiles and tiles with lone rows; K with a short last block
 SHAPES = [(1, 640, 7), (3, 33, 1), (5, 100, 19), (8, 96, 64), (70, 64, 45), (2, 31, 4), (9, 640, 48), (4, 47, 33)]
 GROUPED = [(1, 640, 7, 32), (5, 128, 25, 64), (70, 256, 38, 128), (2, 64, 1, 32), (8, 640, 32, 32)]  # + group
@@ -124,13 +124,24 @@ def test_a_row_computes_the_same_bits_in_any_batch(lib):
         torch.set_num_threads(threads)
 
 
-def test_nan_or_inf_in_a_row_poisons_that_row_only(lib):
+def test_the_amx_build_runs_int8_calls_of_5_to_32_rows_on_tiles():
+    """What makes the AMX library's runs above test the tiles: they take the calls of 5 to 32 rows (the
+    shapes' 5, 8, 9 and 11 rows, and the batch test's 7 to 16) where Linux grants the tiles' state."""
+    lib = isa_library("amx")
+    if not lib.tiles:
+        pytest.skip("Linux did not grant this process the AMX tiles' state")
+    assert [rows for rows in (1, 4, 5, 8, 16, 32, 33, 67) if lib.int8_tiles(rows)] == [5, 8, 16, 32]
+    assert not isa_library("avx512-vnni").int8_tiles(8)
+
+
+@pytest.mark.parametrize("rows", [3, 7])
+def test_nan_or_inf_in_a_row_poisons_that_row_only(lib, rows):
     g = torch.Generator().manual_seed(6)
-    x = torch.randn(3, 64, generator=g)
+    x = torch.randn(rows, 64, generator=g)
     x[0, 5], x[1, 40] = float("nan"), float("inf")
     codes, scales = int8_dot.arrange(torch.randint(-127, 128, (21, 64), generator=g).to(torch.int8)), torch.rand(21)
     y = native.linear_int8(x, codes, scales, lib)
-    assert y[:2].isnan().all() and y[2].isfinite().all()
+    assert y[:2].isnan().all() and y[2:].isfinite().all()
 
 
 @pytest.mark.parametrize(
