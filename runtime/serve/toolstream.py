@@ -110,16 +110,24 @@ class ReplyReader:
         self.stripped = {name: _strips(f) for name, f in template["fields"].items() if name in _TEXT_FIELDS}
         self.calls: list[_Call] = []
         self.fresh, self.held = True, ""  # a text region's start, and whitespace that may be its end
+        # what the parser has read, where the last text region's value ended in it, and the whitespace
+        # after that value (between it and the markup that closed it): a failed call's text goes after it
+        self.read, self.scan, self.gap = "", 0, ""
+        self.specials = tuple(t for t in tokenizer.all_special_tokens if t)  # ends a region may run into
 
     def feed(self, ids: list[int]) -> list[dict]:
         """The deltas of the ids not seen before (`ids`: all of the row's so far)."""
         piece = self.cut.add("".join(self.text.add(token) for token in ids[len(self.text.ids) :]))
-        return self._deltas(self.parser.feed(piece)) if piece else []
+        return self._read(piece)
 
     def finish(self, ids: list[int]) -> list[dict]:
         """The last deltas, once the row has ended with `ids`."""
-        deltas = self.feed(ids) + self._deltas(self.parser.feed(self.cut.add(self.text.finish(), final=True)))
+        deltas = self.feed(ids) + self._read(self.cut.add(self.text.finish(), final=True))
         return deltas + self._deltas(self.parser.finalize()[1])
+
+    def _read(self, piece: str) -> list[dict]:
+        self.read += piece
+        return self._deltas(self.parser.feed(piece)) if piece else []
 
     @property
     def called(self) -> bool:
@@ -139,8 +147,10 @@ class ReplyReader:
     def _text(self, kind: str, field: str, event: dict) -> list[dict]:
         """A text region's chunk, less the whitespace at its two ends where the parser strips it (so the
         streamed text is the parsed text)."""
-        if kind != "region_chunk":
-            self.fresh, self.held = True, ""  # a closed region's trailing whitespace is dropped with it
+        if kind == "region_close" and event.get("value"):
+            self._closed(event["value"])
+        if kind != "region_chunk":  # a closed region's trailing whitespace is dropped with it
+            self.fresh, self.held = True, ""
             return []
         text = event["text"]
         if not self.stripped[field]:
@@ -149,6 +159,14 @@ class ReplyReader:
         body = text.rstrip()
         self.fresh, self.held = self.fresh and not body, text[len(body) :]
         return [{field: body}] if body else []
+
+    def _closed(self, value: str) -> None:
+        """A text region closed with `value`: find it in what was read, and keep the whitespace after it."""
+        end = self.read.find(value, self.scan)
+        if end >= 0:
+            self.scan = end + len(value)
+            rest = self.read[self.scan :]
+            self.gap = rest[: len(rest) - len(rest.lstrip())]
 
     def _call(self, kind: str, event: dict) -> list[dict]:
         if kind == "region_open":
@@ -159,8 +177,17 @@ class ReplyReader:
             return call.grow(event["text"])
         if event.get("error") and not call.opened:  # not a call after all: what the model wrote is text
             self.calls.pop()
-            return [{"content": call.body.strip()}] if call.body.strip() else []
+            text, gap, self.gap = self._unmarked(call.body), self.gap, ""
+            return [{"content": gap + text}] if text else []
         return call.close(event.get("value"), complete=not event.get("error"))
+
+    def _unmarked(self, body: str) -> str:
+        """A failed call's body as text: stripped, less the special tokens (an end of turn) that an
+        unclosed call region ran into."""
+        body = body.strip()
+        while self.specials and body.endswith(self.specials):
+            body = body[: -len(next(t for t in self.specials if body.endswith(t)))].rstrip()
+        return body
 
 
 _TEXT_FIELDS = ("content", "reasoning_content")

@@ -128,3 +128,20 @@ def test_a_stop_string_cuts_the_text_before_the_parser_reads_it(qwen, stop, cont
 def _ids_aside(message: dict) -> dict:
     """The message with its calls' ids (random per reader) set aside."""
     return message | {"tool_calls": [c | {"id": None} for c in message.get("tool_calls", [])]}
+
+
+@pytest.mark.parametrize(
+    ("text", "content"),
+    [
+        ("Let me check. <tool_call>\nnot a call\n</tool_call><|im_end|>", "Let me check. not a call"),
+        ('Let me <tool_call>\n{"name": "f", "argu<|im_end|>', 'Let me {"name": "f", "argu'),
+        ('Let me\n<tool_call>\n{"name": "f" oops}\n</tool_call><|im_end|>', 'Let me\n{"name": "f" oops}'),
+        ("<tool_call>\nnot a call\n</tool_call><|im_end|>", "not a call"),
+    ],
+)
+def test_a_call_that_does_not_parse_goes_out_as_text_after_the_whitespace_before_it(qwen, text, content):
+    """transformers' parse_response raises on such a reply; served, what the model wrote stays text, kept
+    apart from the text before it as written (it was glued on: "Let me{...") and without the end of turn
+    that an unclosed call region runs into."""
+    message = folded(_streamed(qwen, text))
+    assert message["content"] == content and "tool_calls" not in message
