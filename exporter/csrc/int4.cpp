@@ -104,13 +104,17 @@ int32_t linear_int4(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
   if (M < 0 || N < 0 || group < BLOCK || group % BLOCK || K < group || K % group || ldx < K) return BAD_SHAPE;
   if (M == 0 || N == 0) return OK;
   Activations& a = scratch();
-  if (!quantize(x, dtype, M, K, ldx, a)) return BAD_DTYPE;
   const int64_t G = K / group, per_group = group / BLOCK;
-  thread_local std::vector<float> U;  // (M, G)
+  thread_local std::vector<float> U;  // (M, G): the calling thread's, which the team shares through u
   U.assign(size_t(M * G), 0.0f);
-  for (int64_t m = 0; m < M; m++)
-    for (int64_t b = 0; b < a.nb; b++) U[size_t(m * G + b / per_group)] += a.d[m * a.nb + b] * float(a.s[m * a.nb + b]);
-  return gemm(Int4{codes, scales, mins, K, G, per_group, U.data()}, a, dtype, N, y);
+  float* u = U.data();
+  const Int4 s{codes, scales, mins, K, G, per_group, u};
+  return quantized_team(x, dtype, M, K, ldx, a, [&] {
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t b = 0; b < a.nb; b++) u[m * G + b / per_group] += a.d[m * a.nb + b] * float(a.s[m * a.nb + b]);
+    with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(s, a, N, y); });
+  });
 }
 
 }  // namespace aotpack

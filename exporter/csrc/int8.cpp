@@ -116,18 +116,22 @@ struct Pairs {
   std::vector<int32_t> offsets;  // (M, blocks): -128 times each block's sum (the weights' stored offset)
   const int8_t* at(int64_t m0, int64_t p) const { return bytes.data() + ((m0 / AMX_ROWS) * pairs + p) * 1024; }
 
-  void fill(const Activations& a, int64_t K) {
+  void size(int64_t M, int64_t K) {  // zeroed, for M rows of K columns
     pairs = K / BLOCK / 2;
-    const int64_t chunks = (a.M + AMX_ROWS - 1) / AMX_ROWS;
-    bytes.assign(size_t(chunks * pairs * 1024), 0);
-    offsets.resize(a.s.size());
-    for (size_t i = 0; i < offsets.size(); i++) offsets[i] = minus_128_times(a.s[i]);
-    for (int64_t m = 0; m < a.M; m++)
+    bytes.assign(size_t((M + AMX_ROWS - 1) / AMX_ROWS * pairs * 1024), 0);
+    offsets.resize(size_t(M * blocks(K)));
+  }
+
+  void fill_share(const Activations& a) {  // from the quantized rows: a share of them each (omp for)
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < a.M; m++) {
+      for (int64_t b = 0; b < a.nb; b++) offsets[m * a.nb + b] = minus_128_times(a.s[m * a.nb + b]);
       for (int64_t p = 0; p < pairs; p++) {
         int8_t* rows = bytes.data() + ((m / AMX_ROWS) * pairs + p) * 1024 + (m % AMX_ROWS) * 128;
         std::memcpy(rows, a.row(m) + 2 * p * BLOCK, BLOCK);
         std::memcpy(rows + 64 + BLOCK, a.row(m) + (2 * p + 1) * BLOCK, BLOCK);
       }
+    }
   }
 };
 
@@ -215,56 +219,52 @@ __attribute__((noinline)) void tiles_pass(const Int8& s, const Activations& a, c
 #undef AOTPACK_PRODUCTS
 #undef AOTPACK_STORE
 
-// y (M, N) on tiles: each thread an even share of the weight tiles, 2 at a time, each against the
-// activation rows 8 at a time (the 2 tiles stay in cache while further rows pass); then the lone rows.
-template <int D> void gemm_tiles(const Int8& s, const Activations& a, int64_t N, void* y) {
+// This thread's share of y (M, N) on tiles, inside the team: an even share of the weight tiles, 2 at a
+// time, each against the activation rows 8 at a time (the 2 tiles stay in cache while further rows pass);
+// then the lone rows.
+template <int D> void tiles_team(const Int8& s, const Activations& a, Pairs& pairs, int64_t N, void* y) {
   const int64_t M = a.M, tiles = N / TILE;
-  thread_local Pairs x;
-  x.fill(a, s.K);
-  const Pairs& pairs = x;  // the calling thread's, shared with the team
-#pragma omp parallel
-  {
-    const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(omp_get_num_threads(), tiles));
-    const int64_t p = std::min<int64_t>(omp_get_thread_num(), shares);
-    int64_t configured = 0;
-    for (int64_t t0 = tiles * p / shares, t1 = tiles * std::min(p + 1, shares) / shares; t0 < t1;) {
-      const int64_t T = std::min<int64_t>(AMX_TILES, t1 - t0);
-      for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
-        const int64_t mc = std::min<int64_t>(AMX_ROWS, M - m0);
-        if (mc != configured) configure_tiles(mc), configured = mc;
-        const bool fetch = m0 == 0;
-        if (T == 2) tiles_pass<D, 2>(s, a, pairs, t0 * TILE, m0, mc, N, y, fetch);
-        else tiles_pass<D, 1>(s, a, pairs, t0 * TILE, m0, mc, N, y, fetch);
-      }
-      t0 += T;
+  pairs.fill_share(a);
+  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(omp_get_num_threads(), tiles));
+  const int64_t p = std::min<int64_t>(omp_get_thread_num(), shares);
+  int64_t configured = 0;
+  for (int64_t t0 = tiles * p / shares, t1 = tiles * std::min(p + 1, shares) / shares; t0 < t1;) {
+    const int64_t T = std::min<int64_t>(AMX_TILES, t1 - t0);
+    for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
+      const int64_t mc = std::min<int64_t>(AMX_ROWS, M - m0);
+      if (mc != configured) configure_tiles(mc), configured = mc;
+      const bool fetch = m0 == 0;
+      if (T == 2) tiles_pass<D, 2>(s, a, pairs, t0 * TILE, m0, mc, N, y, fetch);
+      else tiles_pass<D, 1>(s, a, pairs, t0 * TILE, m0, mc, N, y, fetch);
     }
-    if (configured) _tile_release();
+    t0 += T;
   }
+  if (configured) _tile_release();
   lone_rows<D>(s, a, tiles * TILE, N, y);
+}
+
+Pairs& pairs_scratch() {  // the calling thread's, as scratch() (the team shares it by reference)
+  thread_local Pairs p;
+  return p;
 }
 #endif
 
 // Calls of this many activation rows go on tiles where the build and process can. Gemma 3's int8 `lm_head`
 // (Intel Xeon, 2 threads), ms, VNNI path / tiles: 4 rows 5.1 / 5.3, 5 rows 5.2 / 4.4, 8 rows 5.9 / 4.9,
 // 16 rows 11.2 / 9.6, 32 rows 22.7 / 19.4, 64 rows 41 / 48 (where storing and taking each pair's sums cost
-// more than the VNNI path's 16 `dpbusd` a row: a long prompt's prefill stays on the VNNI path).
-constexpr int64_t TILES_FROM_ROWS = 5, TILES_TO_ROWS = 32;
+// more than the VNNI path's 16 `dpbusd` a row: a long prompt's prefill stays on the VNNI path). Weights of
+// fewer than 1,024 rows stay on it too: a few passes a thread do not pay for setting the tiles up (8 rows,
+// 256 x 640: 0.016 against 0.013 ms; 1,024 x 640: 0.031 against 0.034).
+constexpr int64_t TILES_FROM_ROWS = 5, TILES_TO_ROWS = 32, TILES_FROM_N = 1024;
 
-// Whether an int8 call of M activation rows runs on AMX tiles in this process.
-bool int8_tiles(int64_t M) {
+// Whether an int8 call of M activation rows into N outputs runs on AMX tiles in this process.
+bool int8_tiles(int64_t M, int64_t N) {
 #if defined(AOTPACK_AMX)
-  return M >= TILES_FROM_ROWS && M <= TILES_TO_ROWS && tiles_ready();
+  return M >= TILES_FROM_ROWS && M <= TILES_TO_ROWS && N >= TILES_FROM_N && tiles_ready();
 #else
-  (void)M;
+  (void)M, (void)N;
   return false;
 #endif
-}
-
-template <int D> void gemm_int8(const Int8& s, const Activations& a, int64_t N, void* y) {
-#if defined(AOTPACK_AMX)
-  if (int8_tiles(a.M)) return gemm_tiles<D>(s, a, N, y);
-#endif
-  gemm_as<D>(s, a, N, y);
 }
 
 }  // namespace
@@ -274,21 +274,26 @@ int32_t linear_int8(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
   if (M < 0 || K < 1 || N < 0 || ldx < K) return BAD_SHAPE;
   if (M == 0 || N == 0) return OK;
   Activations& a = scratch();
-  if (!quantize(x, dtype, M, K, ldx, a)) return BAD_DTYPE;
   const Int8 s{codes, scales, K};
-  switch (dtype) {
-    case F32: gemm_int8<F32>(s, a, N, y); return OK;
-    case BF16: gemm_int8<BF16>(s, a, N, y); return OK;
-    case F16: gemm_int8<F16>(s, a, N, y); return OK;
-    default: return BAD_DTYPE;
+#if defined(AOTPACK_AMX)
+  if (int8_tiles(M, N)) {
+    Pairs& pairs = pairs_scratch();
+    pairs.size(M, K);
+    return quantized_team(x, dtype, M, K, ldx, a, [&] {
+      with_dtype(dtype, [&](auto d) { tiles_team<decltype(d)::value>(s, a, pairs, N, y); });
+    });
   }
+#endif
+  return quantized_team(x, dtype, M, K, ldx, a, [&] {
+    with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(s, a, N, y); });
+  });
 }
 
 }  // namespace aotpack
 
 extern "C" {
 
-int32_t aotpack_int8_tiles(int64_t M) { return aotpack::int8_tiles(M); }
+int32_t aotpack_int8_tiles(int64_t M, int64_t N) { return aotpack::int8_tiles(M, N); }
 
 int32_t aotpack_linear_int8(const void* x, int32_t dtype, int64_t M, int64_t K, const uint8_t* codes,
                             const float* scales, int64_t N, void* y) {

@@ -99,10 +99,12 @@ inline void quantize_block_avx2(const float* v, int8_t* q, float* d, int32_t* s)
 }
 #endif
 
+// Inside an OpenMP team each thread takes a share of the rows (an orphaned `omp for`, which ends when all
+// are done); outside one, the calling thread takes them all.
 template <int D>
 void quantize_rows(const void* x, int64_t M, int64_t K, int64_t ldx, Activations& a) {
   const int64_t nb = a.nb;
-#pragma omp parallel for schedule(static) if (M >= 16)
+#pragma omp for schedule(static)
   for (int64_t m = 0; m < M; m++) {
     float v[BLOCK];
     for (int64_t b = 0; b < nb; b++) {
@@ -124,17 +126,25 @@ void quantize_rows(const void* x, int64_t M, int64_t K, int64_t ldx, Activations
 
 }  // namespace
 
-bool quantize(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, Activations& a) {
+bool prepare(int32_t dtype, int64_t M, int64_t K, Activations& a) {
+  if (dtype != F32 && dtype != BF16 && dtype != F16) return false;
   a.M = M, a.K = K, a.nb = blocks(K);
   a.q.resize(size_t(M * a.nb * BLOCK));
   a.d.resize(size_t(M * a.nb));
   a.s.resize(size_t(M * a.nb));
-  switch (dtype) {
-    case F32: quantize_rows<F32>(x, M, K, ldx, a); return true;
-    case BF16: quantize_rows<BF16>(x, M, K, ldx, a); return true;
-    case F16: quantize_rows<F16>(x, M, K, ldx, a); return true;
-    default: return false;
-  }
+  return true;
+}
+
+void quantize_share(const void* x, int32_t dtype, int64_t ldx, Activations& a) {
+  if (dtype == F32) quantize_rows<F32>(x, a.M, a.K, ldx, a);
+  else if (dtype == BF16) quantize_rows<BF16>(x, a.M, a.K, ldx, a);
+  else quantize_rows<F16>(x, a.M, a.K, ldx, a);
+}
+
+bool quantize(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, Activations& a) {
+  if (!prepare(dtype, M, K, a)) return false;
+  quantize_share(x, dtype, ldx, a);
+  return true;
 }
 
 Activations& scratch() {

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -90,6 +91,18 @@ struct Activations {
 
 // Fills `a` from x (M, K) of dtype `dtype`, rows `ldx` elements apart. False for an unknown dtype.
 bool quantize(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, Activations& a);
+// The same in two steps: `prepare` sizes `a` for (M, K) (false for an unknown dtype); `quantize_share`
+// then fills it, each thread of an OpenMP team a share of the rows (all of them outside a team), and
+// returns when every row is done.
+bool prepare(int32_t dtype, int64_t M, int64_t K, Activations& a);
+void quantize_share(const void* x, int32_t dtype, int64_t ldx, Activations& a);
+
+// f(std::integral_constant<int, D>{}) for activation dtype D (one of F32, BF16, F16).
+template <class F> void with_dtype(int32_t dtype, F f) {
+  if (dtype == F32) f(std::integral_constant<int, F32>{});
+  else if (dtype == BF16) f(std::integral_constant<int, BF16>{});
+  else f(std::integral_constant<int, F16>{});
+}
 
 // A scratch Activations per calling thread: the decode step calls each kernel ~130 times a token, and
 // reusing the vectors keeps the allocator out of it.

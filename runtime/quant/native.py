@@ -39,7 +39,7 @@ _ADDED = {
     "aotpack_linear_dense": ([_P, _I32, _I, _I, _P, _I32, _I, _P], _I32),
     "aotpack_linear_tiles": ([_P, _I32, _I, _I, _P, _I32, _I, _P], _I32),
     "aotpack_tiles_ready": ([], _I32),
-    "aotpack_int8_tiles": ([_I], _I32),
+    "aotpack_int8_tiles": ([_I, _I], _I32),
     "aotpack_decode_attention": (
         [_P, _I32, _P, _P, _P, _I32, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_float, _P],
         _I32,
@@ -76,10 +76,10 @@ class Library:
         process the tiles' state (without it, a tile instruction kills the process)."""
         return hasattr(self._lib, "aotpack_tiles_ready") and bool(self._lib.aotpack_tiles_ready())
 
-    def int8_tiles(self, rows: int) -> bool:
-        """Whether an int8 call of `rows` activation rows runs on AMX tiles here (the same bits as the
-        library's vector path, which runs it otherwise)."""
-        return hasattr(self._lib, "aotpack_int8_tiles") and bool(self._lib.aotpack_int8_tiles(rows))
+    def int8_tiles(self, rows: int, outputs: int) -> bool:
+        """Whether an int8 call of `rows` activation rows into `outputs` runs on AMX tiles here (the same
+        bits as the library's vector path, which runs it otherwise)."""
+        return hasattr(self._lib, "aotpack_int8_tiles") and bool(self._lib.aotpack_int8_tiles(rows, outputs))
 
     def __getattr__(self, name):
         return getattr(self._lib, name)

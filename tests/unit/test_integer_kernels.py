@@ -1,8 +1,9 @@
 """aotpack's integer kernels (exporter/csrc, runtime.quant.native) against a reference in fp64, on every
 instruction path this machine can run (each built on purpose; the others are skipped by name; the AMX
-build runs int8 calls of 5 to 32 rows on tiles) and this machine's built to take one weight tile a pass, over odd
-shapes: K not a multiple of the 32-column block, N = 1, N not a multiple of the 16-row tile, a batch longer
-than the kernels' 64-row chunk. Also the tile layouts' round trips and the activation format itself."""
+build runs int8 calls of 5 to 32 rows into 1,024 outputs or more on tiles) and this machine's built to take
+one weight tile a pass, over odd shapes: K not a multiple of the 32-column block, N = 1, N not a multiple of
+the 16-row tile, a batch longer than the kernels' 64-row chunk. Also the tile layouts' round trips and the
+activation format itself."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from helpers import isa_library
 from exporter import kernels
 from runtime.quant import INT4, INTEGER, QuantSpec, int4_dot, int8_dot, native, scheme, tiles
 
-PATHS = ("scalar", "avx2", "avx-vnni", "avx512-vnni", "amx")  # amx: int8 calls of 5 to 32 rows on tiles
+PATHS = ("scalar", "avx2", "avx-vnni", "avx512-vnni", "amx")  # amx: int8 calls of 5 to 32 rows on tiles (N >= 1024)
 # (M, K, N): N = 1, N within one 16-row tile, whole tiles and tiles with lone rows; K with a short last block
 SHAPES = [(1, 640, 7), (3, 33, 1), (5, 100, 19), (8, 96, 64), (70, 64, 45), (2, 31, 4), (9, 640, 48), (4, 47, 33)]
+SHAPES += [(9, 100, 1029), (6, 160, 1040)]  # on AMX tiles in the amx build: 5 to 32 rows, 1,024 outputs or more
 GROUPED = [(1, 640, 7, 32), (5, 128, 25, 64), (70, 256, 38, 128), (2, 64, 1, 32), (8, 640, 32, 32)]  # + group
 
 
@@ -107,7 +109,7 @@ def test_a_row_computes_the_same_bits_in_any_batch(lib):
     on AVX-512), nor on the threads sharing the tiles."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn(67, 96, generator=g)
-    n = 27 * 16 + 5
+    n = 67 * 16 + 5  # 1,077 outputs: the amx build takes calls of 5 to 32 rows on tiles
     codes, scales = int8_dot.arrange(torch.randint(-127, 128, (n, 96), generator=g).to(torch.int8)), torch.rand(n)
     q4 = int4_dot.arrange(torch.randint(0, 16, (n, 96), generator=g))
     s4, m4 = tiles.tile_rows(torch.rand(n, 3).bfloat16()), tiles.tile_rows(torch.randn(n, 3).bfloat16())
@@ -125,13 +127,14 @@ def test_a_row_computes_the_same_bits_in_any_batch(lib):
 
 
 def test_the_amx_build_runs_int8_calls_of_5_to_32_rows_on_tiles():
-    """What makes the AMX library's runs above test the tiles: they take the calls of 5 to 32 rows (the
-    shapes' 5, 8, 9 and 11 rows, and the batch test's 7 to 16) where Linux grants the tiles' state."""
+    """What makes the AMX library's runs above test the tiles: they take the calls of 5 to 32 rows into 1,024
+    outputs or more (the shapes' 6 and 9 rows, the paths test's 11, the batch test's 7 to 16) where Linux
+    grants the tiles' state."""
     lib = isa_library("amx")
     if not lib.tiles:
         pytest.skip("Linux did not grant this process the AMX tiles' state")
-    assert [rows for rows in (1, 4, 5, 8, 16, 32, 33, 67) if lib.int8_tiles(rows)] == [5, 8, 16, 32]
-    assert not isa_library("avx512-vnni").int8_tiles(8)
+    assert [rows for rows in (1, 4, 5, 8, 16, 32, 33, 67) if lib.int8_tiles(rows, 1024)] == [5, 8, 16, 32]
+    assert not lib.int8_tiles(8, 1023) and not isa_library("avx512-vnni").int8_tiles(8, 1024)
 
 
 @pytest.mark.parametrize("rows", [3, 7])
@@ -179,7 +182,7 @@ def test_every_instruction_path_computes_the_same_bits(lib, k, group, dtype):
     reference = kernels.build(isa_override="scalar", log=lambda _: None, serve=False).library
     g = torch.Generator().manual_seed(k)
     x = torch.randn(11, k, generator=g).to(dtype)
-    n = 21 * 16 + 5  # tiles in passes of each size a path uses, and lone rows
+    n = 65 * 16 + 5  # tiles in passes of each size a path uses, and lone rows (1,045: AMX takes 11 rows)
     codes = int8_dot.arrange(torch.randint(-127, 128, (n, k), generator=g).to(torch.int8))
     scales = torch.rand(n)
     assert torch.equal(native.linear_int8(x, codes, scales, lib), native.linear_int8(x, codes, scales, reference))
