@@ -435,7 +435,7 @@ std::vector<float> paired(const float* x, int64_t M, int64_t K) {
 
 // Inside a parallel region: this thread's share of the N weight rows, `tile(rows, C)` for each micro-tile
 // (C = NR, then single rows for the remainder, std::integral_constant). The team's own size (as lanes.h's
-// gemm_as): rows [n0, n1), read in NR runs side by side for up to RUNS_UP_TO activation rows (Rows).
+// gemm_team): rows [n0, n1), read in NR runs side by side for up to RUNS_UP_TO activation rows (Rows).
 template <class Tile> void my_tiles(int64_t M, int64_t N, Tile&& tile) {
   const int64_t team = omp_get_num_threads(), p = omp_get_thread_num();
   const int64_t n0 = N * p / team, n1 = N * (p + 1) / team, tiles = (n1 - n0) / NR;

@@ -10,7 +10,8 @@
 // where VNNI's dpbusd multiplies the stored unsigned bytes with x's 4 signed bytes of a group, broadcast to
 // every lane, and the block starts at -128 * s[m, b] to take the offset back out (lanes.h). One vector of a
 // weight group serves MR activation rows; each block costs one conversion and one fma per 16 rows.
-// In a build for AMX, calls of 5 to 32 activation rows multiply on tiles instead (gemm_tiles), to the same bits.
+// In a build for AMX, calls of 5 to 32 activation rows into 1,024 outputs or more multiply on tiles instead
+// (tiles_team), to the same bits.
 #include "lanes.h"
 #include "shim_common.h"
 
@@ -22,7 +23,7 @@ struct Int8 {
   const float* scales;
   int64_t K;
   static constexpr int CHAINS = 8;  // independent dot chains a pass keeps going (lanes.h, tiles_a_pass)
-  static constexpr int WIDE = WIDE_MR;  // rows a pass at few rows (lanes.h, gemm_as)
+  static constexpr int WIDE = WIDE_MR;  // rows a pass at few rows (lanes.h, gemm_team)
 
   // Rows m .. m + R of the activations against the T tiles from row n0 (R <= MR): out[t * R + r], each
   // row's 16 lanes of tile t.
@@ -116,9 +117,14 @@ struct Pairs {
   std::vector<int32_t> offsets;  // (M, blocks): -128 times each block's sum (the weights' stored offset)
   const int8_t* at(int64_t m0, int64_t p) const { return bytes.data() + ((m0 / AMX_ROWS) * pairs + p) * 1024; }
 
-  void size(int64_t M, int64_t K) {  // zeroed, for M rows of K columns
+  // For M rows of K columns. Each row's zero halves are never written, so they stay zero from one call to
+  // the next of the same K; rows past M in the last chunk may hold an earlier call's bytes, whose products
+  // land in C rows nothing reads.
+  void size(int64_t M, int64_t K) {
+    const size_t used = size_t((M + AMX_ROWS - 1) / AMX_ROWS * (K / BLOCK / 2) * 1024);
+    if (K / BLOCK / 2 != pairs) bytes.clear();
     pairs = K / BLOCK / 2;
-    bytes.assign(size_t((M + AMX_ROWS - 1) / AMX_ROWS * pairs * 1024), 0);
+    if (bytes.size() < used) bytes.resize(used, 0);
     offsets.resize(size_t(M * blocks(K)));
   }
 
@@ -145,13 +151,14 @@ void configure_tiles(int64_t mc) {
 // (span bytes apart). Macros: the tile intrinsics paste their tile numbers into the instruction.
 #define AOTPACK_PRODUCTS(c0, c1, xt, x, w)     \
   do {                                        \
+    const uint8_t* pair_w = (w);              \
     _tile_loadd(xt, x, 64);                   \
     _tile_zero(c0);                           \
-    _tile_loadd(6, w, 64);                    \
+    _tile_loadd(6, pair_w, 64);               \
     _tile_dpbsud(c0, xt, 6);                  \
     if constexpr (T > 1) {                    \
       _tile_zero(c1);                         \
-      _tile_loadd(7, (w) + span, 64);         \
+      _tile_loadd(7, pair_w + span, 64);      \
       _tile_dpbsud(c1, xt, 7);                \
     }                                         \
   } while (0)
@@ -227,19 +234,22 @@ template <int D> void tiles_team(const Int8& s, const Activations& a, Pairs& pai
   pairs.fill_share(a);
   const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(omp_get_num_threads(), tiles));
   const int64_t p = std::min<int64_t>(omp_get_thread_num(), shares);
-  int64_t configured = 0;
+  // tiles for a whole chunk of 8 rows once M > 8 (a short last chunk's rows past M hold zeros or stale
+  // bytes whose sums are not read), not reset between chunks of two sizes each pass
+  const int64_t configured = std::min<int64_t>(M, AMX_ROWS);
+  bool ready = false;
   for (int64_t t0 = tiles * p / shares, t1 = tiles * std::min(p + 1, shares) / shares; t0 < t1;) {
     const int64_t T = std::min<int64_t>(AMX_TILES, t1 - t0);
+    if (!ready) configure_tiles(configured), ready = true;
     for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
       const int64_t mc = std::min<int64_t>(AMX_ROWS, M - m0);
-      if (mc != configured) configure_tiles(mc), configured = mc;
       const bool fetch = m0 == 0;
       if (T == 2) tiles_pass<D, 2>(s, a, pairs, t0 * TILE, m0, mc, N, y, fetch);
       else tiles_pass<D, 1>(s, a, pairs, t0 * TILE, m0, mc, N, y, fetch);
     }
     t0 += T;
   }
-  if (configured) _tile_release();
+  if (ready) _tile_release();
   lone_rows<D>(s, a, tiles * TILE, N, y);
 }
 
@@ -250,11 +260,12 @@ Pairs& pairs_scratch() {  // the calling thread's, as scratch() (the team shares
 #endif
 
 // Calls of this many activation rows go on tiles where the build and process can. Gemma 3's int8 `lm_head`
-// (Intel Xeon, 2 threads), ms, VNNI path / tiles: 4 rows 5.1 / 5.3, 5 rows 5.2 / 4.4, 8 rows 5.9 / 4.9,
-// 16 rows 11.2 / 9.6, 32 rows 22.7 / 19.4, 64 rows 41 / 48 (where storing and taking each pair's sums cost
-// more than the VNNI path's 16 `dpbusd` a row: a long prompt's prefill stays on the VNNI path). Weights of
-// fewer than 1,024 rows stay on it too: a few passes a thread do not pay for setting the tiles up (8 rows,
-// 256 x 640: 0.016 against 0.013 ms; 1,024 x 640: 0.031 against 0.034).
+// (Intel Xeon, 2 threads), ms, VNNI path / tiles (artifacts/bench/intel/amx/int8/calls.txt): 5 rows 5.6 /
+// 5.1, 8 rows 6.7 / 5.8, 16 rows 10.9 / 9.8, 32 rows 23.6 / 19.2; with the bounds widened while building
+// it, 4 rows were even and 64 rows 41 / 48 (storing and taking each pair's sums cost more than the VNNI
+// path's 16 `dpbusd` a row): a long prompt's prefill stays on the VNNI path. So do weights of fewer than
+// 1,024 rows: a few passes a thread do not pay for setting the tiles up (8 rows, 256 x 640: 0.016 against
+// 0.013 ms).
 constexpr int64_t TILES_FROM_ROWS = 5, TILES_TO_ROWS = 32, TILES_FROM_N = 1024;
 
 // Whether an int8 call of M activation rows into N outputs runs on AMX tiles in this process.

@@ -61,7 +61,7 @@ inline int32_t x4(const Activations& a, int64_t m, int64_t b, int64_t g) {
 
 #if defined(AOTPACK_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 constexpr int MR = 4;
-// Rows a pass of a scheme with one integer sum a row and tile (int8) takes while a call has few rows (gemm_as):
+// Rows a pass of a scheme with one integer sum a row and tile (int8) takes while a call has few rows (gemm_team):
 // 8 rows against one tile fill the 8 chains and the 32 registers, and read each weight vector once for
 // all 8, where two passes of 4 rows read it again from L2. Gemma 3's int8 `lm_head` at 8 rows: 5.6 ms
 // against 7.9 (AMD EPYC, AVX-512 VNNI, 2 threads; 1 row 4.7). At 40 rows and more 4-row passes, which

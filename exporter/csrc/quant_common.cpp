@@ -154,7 +154,7 @@ Activations& scratch() {
 
 const char* isa() {
 #if defined(AOTPACK_AMX)
-  return "amx";  // avx512-vnni's, and dense.cpp's bf16 tiles
+  return "amx";  // avx512-vnni's, and AMX tiles: dense.cpp's bf16, int8.cpp's int8
 #elif defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(AOTPACK_AVX2)
   return "avx512-vnni";
 #elif defined(__AVXVNNI__) && defined(AOTPACK_AVX2)

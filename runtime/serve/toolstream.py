@@ -110,8 +110,9 @@ class ReplyReader:
         self.stripped = {name: _strips(f) for name, f in template["fields"].items() if name in _TEXT_FIELDS}
         self.calls: list[_Call] = []
         self.fresh, self.held = True, ""  # a text region's start, and whitespace that may be its end
-        # what the parser has read, where the last text region's value ended in it, and the whitespace
-        # after that value (between it and the markup that closed it): a failed call's text goes after it
+        # what the parser has read, how far its regions have been found in it (each text value and call
+        # body searched for from there), and the whitespace after the content just before a call's markup:
+        # a failed call's text goes after it
         self.read, self.scan, self.gap = "", 0, ""
         self.specials = tuple(t for t in tokenizer.all_special_tokens if t)  # ends a region may run into
 
@@ -147,8 +148,10 @@ class ReplyReader:
     def _text(self, kind: str, field: str, event: dict) -> list[dict]:
         """A text region's chunk, less the whitespace at its two ends where the parser strips it (so the
         streamed text is the parsed text)."""
-        if kind == "region_close" and event.get("value"):
-            self._closed(event["value"])
+        if kind == "region_close":  # the gap after content (not after reasoning) until a call uses it
+            end = self._found(event.get("value") or "")
+            rest = self.read[end:] if field == "content" and end is not None else ""
+            self.gap = rest[: len(rest) - len(rest.lstrip())]
         if kind != "region_chunk":  # a closed region's trailing whitespace is dropped with it
             self.fresh, self.held = True, ""
             return []
@@ -160,13 +163,14 @@ class ReplyReader:
         self.fresh, self.held = self.fresh and not body, text[len(body) :]
         return [{field: body}] if body else []
 
-    def _closed(self, value: str) -> None:
-        """A text region closed with `value`: find it in what was read, and keep the whitespace after it."""
-        end = self.read.find(value, self.scan)
-        if end >= 0:
-            self.scan = end + len(value)
-            rest = self.read[self.scan :]
-            self.gap = rest[: len(rest) - len(rest.lstrip())]
+    def _found(self, text: str) -> int | None:
+        """Where `text`, a region's value or body, ends in what was read (searched past the regions found
+        before it, so a value is not matched inside an earlier call); None where it is not there."""
+        end = self.read.find(text, self.scan) if text else -1
+        if end < 0:
+            return None
+        self.scan = end + len(text)
+        return self.scan
 
     def _call(self, kind: str, event: dict) -> list[dict]:
         if kind == "region_open":
@@ -175,9 +179,11 @@ class ReplyReader:
         call = self.calls[-1]
         if kind == "region_chunk":
             return call.grow(event["text"])
+        self._found(call.body)
+        gap, self.gap = self.gap, ""
         if event.get("error") and not call.opened:  # not a call after all: what the model wrote is text
             self.calls.pop()
-            text, gap, self.gap = self._unmarked(call.body), self.gap, ""
+            text = self._unmarked(call.body)
             return [{"content": gap + text}] if text else []
         return call.close(event.get("value"), complete=not event.get("error"))
 

@@ -17,7 +17,9 @@ from runtime.quant import INT4, INTEGER, QuantSpec, int4_dot, int8_dot, native, 
 PATHS = ("scalar", "avx2", "avx-vnni", "avx512-vnni", "amx")  # amx: int8 calls of 5 to 32 rows on tiles (N >= 1024)
 # (M, K, N): N = 1, N within one 16-row tile, whole tiles and tiles with lone rows; K with a short last block
 SHAPES = [(1, 640, 7), (3, 33, 1), (5, 100, 19), (8, 96, 64), (70, 64, 45), (2, 31, 4), (9, 640, 48), (4, 47, 33)]
-SHAPES += [(9, 100, 1029), (6, 160, 1040)]  # on AMX tiles in the amx build: 5 to 32 rows, 1,024 outputs or more
+# on AMX tiles in the amx build (5 to 32 rows, 1,024 outputs or more): K of 3 blocks and a tail (one pair and
+# an odd block), 5 blocks, 6 (pairs in the loop and one after it), 7, and 1.5 (no pair)
+SHAPES += [(9, 100, 1029), (6, 160, 1040), (7, 192, 1024), (12, 224, 1037), (5, 48, 1024)]
 GROUPED = [(1, 640, 7, 32), (5, 128, 25, 64), (70, 256, 38, 128), (2, 64, 1, 32), (8, 640, 32, 32)]  # + group
 
 
@@ -104,12 +106,13 @@ def test_int4_kernel_matches_fp64(lib, m, k, n, group, dtype):
 
 def test_a_row_computes_the_same_bits_in_any_batch(lib):
     """Prefill (many rows) and decode (one) run one kernel: a row's output cannot depend on its batch, nor on
-    how the kernel groups rows and tiles into passes (27 tiles and 5 lone rows: passes of 8, 4, 2 and 1
-    tiles; 67 rows: a chunk of 64, then groups of 4, 2 and 1; calls of up to 16 rows: int8 in groups of 8
-    on AVX-512), nor on the threads sharing the tiles."""
+    how the kernel groups rows and tiles into passes (71 tiles and 5 lone rows: passes of 8, 4, 2 and 1
+    tiles at one thread and at two, 35 and 36 a thread; 67 rows: a chunk of 64, then groups of 4, 2 and 1;
+    calls of up to 16 rows: int8 in groups of 8 on AVX-512; AMX: 7 to 16 rows, one or two chunks of 8),
+    nor on the threads sharing the tiles."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn(67, 96, generator=g)
-    n = 67 * 16 + 5  # 1,077 outputs: the amx build takes calls of 5 to 32 rows on tiles
+    n = 71 * 16 + 5  # 1,141 outputs: the amx build takes calls of 5 to 32 rows on tiles
     codes, scales = int8_dot.arrange(torch.randint(-127, 128, (n, 96), generator=g).to(torch.int8)), torch.rand(n)
     q4 = int4_dot.arrange(torch.randint(0, 16, (n, 96), generator=g))
     s4, m4 = tiles.tile_rows(torch.rand(n, 3).bfloat16()), tiles.tile_rows(torch.randn(n, 3).bfloat16())
