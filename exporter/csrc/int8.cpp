@@ -114,7 +114,6 @@ constexpr int AMX_ROWS = 8;   // activation rows a pass: two tile rows each
 struct Pairs {
   int64_t pairs = 0;  // whole pairs of blocks in K
   std::vector<int8_t> bytes;
-  std::vector<int32_t> offsets;  // (M, blocks): -128 times each block's sum (the weights' stored offset)
   const int8_t* at(int64_t m0, int64_t p) const { return bytes.data() + ((m0 / AMX_ROWS) * pairs + p) * 1024; }
 
   // For M rows of K columns. Each row's zero halves are never written, so they stay zero from one call to
@@ -125,19 +124,16 @@ struct Pairs {
     if (K / BLOCK / 2 != pairs) bytes.clear();
     pairs = K / BLOCK / 2;
     if (bytes.size() < used) bytes.resize(used, 0);
-    offsets.resize(size_t(M * blocks(K)));
   }
 
   void fill_share(const Activations& a) {  // from the quantized rows: a share of them each (omp for)
 #pragma omp for schedule(static)
-    for (int64_t m = 0; m < a.M; m++) {
-      for (int64_t b = 0; b < a.nb; b++) offsets[m * a.nb + b] = minus_128_times(a.s[m * a.nb + b]);
+    for (int64_t m = 0; m < a.M; m++)
       for (int64_t p = 0; p < pairs; p++) {
         int8_t* rows = bytes.data() + ((m / AMX_ROWS) * pairs + p) * 1024 + (m % AMX_ROWS) * 128;
         std::memcpy(rows, a.row(m) + 2 * p * BLOCK, BLOCK);
         std::memcpy(rows + 64 + BLOCK, a.row(m) + (2 * p + 1) * BLOCK, BLOCK);
       }
-    }
   }
 };
 
@@ -190,7 +186,7 @@ __attribute__((noinline)) void tiles_pass(const Int8& s, const Activations& a, c
   auto take = [&](int64_t b) {  // blocks b, b + 1's sums (in `sums`) into the rows' float sums, in order
     for (int64_t m = 0; m < mc; m++)
       for (int j = 0; j < 2; j++) {
-        const __m512i offset = _mm512_set1_epi32(x.offsets[(m0 + m) * nb + b + j]);
+        const __m512i offset = _mm512_set1_epi32(minus_128_times(a.s[(m0 + m) * nb + b + j]));
         const float d = a.d[(m0 + m) * nb + b + j];
         for (int t = 0; t < T; t++) {
           const __m512i dot = _mm512_add_epi32(_mm512_load_si512(sums[t] + (2 * m + j) * TILE), offset);
@@ -232,14 +228,13 @@ __attribute__((noinline)) void tiles_pass(const Int8& s, const Activations& a, c
 template <int D> void tiles_team(const Int8& s, const Activations& a, Pairs& pairs, int64_t N, void* y) {
   const int64_t M = a.M, tiles = N / TILE;
   pairs.fill_share(a);
-  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(omp_get_num_threads(), tiles));
-  const int64_t p = std::min<int64_t>(omp_get_thread_num(), shares);
+  const auto [first, last] = my_share(tiles);
   // tiles for a whole chunk of 8 rows once M > 8 (a short last chunk's rows past M hold zeros or stale
   // bytes whose sums are not read), not reset between chunks of two sizes each pass
   const int64_t configured = std::min<int64_t>(M, AMX_ROWS);
   bool ready = false;
-  for (int64_t t0 = tiles * p / shares, t1 = tiles * std::min(p + 1, shares) / shares; t0 < t1;) {
-    const int64_t T = std::min<int64_t>(AMX_TILES, t1 - t0);
+  for (int64_t t0 = first; t0 < last;) {
+    const int64_t T = std::min<int64_t>(AMX_TILES, last - t0);
     if (!ready) configure_tiles(configured), ready = true;
     for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
       const int64_t mc = std::min<int64_t>(AMX_ROWS, M - m0);

@@ -15,6 +15,8 @@
 
 #include <omp.h>
 
+#include <utility>
+
 #include "quant_common.h"
 
 namespace aotpack {
@@ -313,14 +315,20 @@ template <int D, class S> void lone_rows(const S& s, const Activations& a, int64
     for (int64_t m = 0; m < M; m++) s.template lone<D>(a, n, m, N, y);
 }
 
+// This thread's even share [first, last) of `tiles`, inside an OpenMP team. The team's own size, not
+// omp_get_max_threads(): a team may be smaller (nested, dynamic), and a thread taking two shares would
+// double the step's time. Threads past the tiles get none.
+inline std::pair<int64_t, int64_t> my_share(int64_t tiles) {
+  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(omp_get_num_threads(), tiles));
+  const int64_t p = std::min<int64_t>(omp_get_thread_num(), shares);
+  return {tiles * p / shares, tiles * std::min(p + 1, shares) / shares};
+}
+
 // This thread's share of y, inside the OpenMP team that computes it.
 template <int D, class S> void gemm_team(const S& s, const Activations& a, int64_t N, void* y) {
   const int64_t M = a.M, tiles = N / TILE, chunk = 64, step = tiles_a_pass(1, S::CHAINS);
-  // the team's own size, not omp_get_max_threads(): a team may be smaller (nested, dynamic), and a
-  // thread taking two shares would double the step's time
-  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(omp_get_num_threads(), tiles));
-  const int64_t p = std::min<int64_t>(omp_get_thread_num(), shares);  // threads past the tiles: no share
-  for (int64_t t0 = tiles * p / shares, t1 = tiles * std::min(p + 1, shares) / shares; t0 < t1; t0 += step) {
+  const auto [t_first, t1] = my_share(tiles);
+  for (int64_t t0 = t_first; t0 < t1; t0 += step) {
     const int64_t count = std::min(step, t1 - t0);
     if (M <= WIDE_ROWS)  // a decode step's rows: its weights read once for up to S::WIDE rows
       rows<D, S::WIDE, ONE_TILE_DECODE>(s, a, t0 * TILE, count, 0, M, N, y, true);

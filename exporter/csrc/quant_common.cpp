@@ -136,9 +136,7 @@ bool prepare(int32_t dtype, int64_t M, int64_t K, Activations& a) {
 }
 
 void quantize_share(const void* x, int32_t dtype, int64_t ldx, Activations& a) {
-  if (dtype == F32) quantize_rows<F32>(x, a.M, a.K, ldx, a);
-  else if (dtype == BF16) quantize_rows<BF16>(x, a.M, a.K, ldx, a);
-  else quantize_rows<F16>(x, a.M, a.K, ldx, a);
+  with_dtype(dtype, [&](auto d) { quantize_rows<decltype(d)::value>(x, a.M, a.K, ldx, a); });
 }
 
 bool quantize(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, Activations& a) {

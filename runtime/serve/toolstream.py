@@ -110,25 +110,21 @@ class ReplyReader:
         self.stripped = {name: _strips(f) for name, f in template["fields"].items() if name in _TEXT_FIELDS}
         self.calls: list[_Call] = []
         self.fresh, self.held = True, ""  # a text region's start, and whitespace that may be its end
-        # what the parser has read, how far its regions have been found in it (each text value and call
-        # body searched for from there), and the whitespace after the content just before a call's markup:
-        # a failed call's text goes after it
-        self.read, self.scan, self.gap = "", 0, ""
+        # how far the parser's regions have been found in what it read (self.cut's text let out: each
+        # text value and call body searched for from there), and the whitespace after the content just
+        # before a call's markup: a failed call's text goes after it
+        self.scan, self.gap = 0, ""
         self.specials = tuple(t for t in tokenizer.all_special_tokens if t)  # ends a region may run into
 
     def feed(self, ids: list[int]) -> list[dict]:
         """The deltas of the ids not seen before (`ids`: all of the row's so far)."""
         piece = self.cut.add("".join(self.text.add(token) for token in ids[len(self.text.ids) :]))
-        return self._read(piece)
+        return self._deltas(self.parser.feed(piece)) if piece else []
 
     def finish(self, ids: list[int]) -> list[dict]:
         """The last deltas, once the row has ended with `ids`."""
-        deltas = self.feed(ids) + self._read(self.cut.add(self.text.finish(), final=True))
+        deltas = self.feed(ids) + self._deltas(self.parser.feed(self.cut.add(self.text.finish(), final=True)))
         return deltas + self._deltas(self.parser.finalize()[1])
-
-    def _read(self, piece: str) -> list[dict]:
-        self.read += piece
-        return self._deltas(self.parser.feed(piece)) if piece else []
 
     @property
     def called(self) -> bool:
@@ -150,7 +146,7 @@ class ReplyReader:
         streamed text is the parsed text)."""
         if kind == "region_close":  # the gap after content (not after reasoning) until a call uses it
             end = self._found(event.get("value") or "")
-            rest = self.read[end:] if field == "content" and end is not None else ""
+            rest = self.cut.text[end : self.cut.sent] if field == "content" and end is not None else ""
             self.gap = rest[: len(rest) - len(rest.lstrip())]
         if kind != "region_chunk":  # a closed region's trailing whitespace is dropped with it
             self.fresh, self.held = True, ""
@@ -166,7 +162,7 @@ class ReplyReader:
     def _found(self, text: str) -> int | None:
         """Where `text`, a region's value or body, ends in what was read (searched past the regions found
         before it, so a value is not matched inside an earlier call); None where it is not there."""
-        end = self.read.find(text, self.scan) if text else -1
+        end = self.cut.text.find(text, self.scan, self.cut.sent) if text else -1
         if end < 0:
             return None
         self.scan = end + len(text)
