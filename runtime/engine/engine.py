@@ -321,11 +321,11 @@ class Engine:
                 self._end(state, FinishReason.FAILED, e)
             return
         self.costs.timed("decode", self._covering(self.runner.decode.batches, width), start)
-        greedy = sum(s.batch for s in decoding if s.plain_greedy)  # rows whose token is the raw argmax
+        greedy = sum(s.batch for s in decoding if s.takes_argmax)  # rows whose token starts as the raw argmax
         argmax = sampling.greedy(logits) if greedy > 1 and 2 * greedy >= width else None  # (width,): one call
         top = sampling.shared_top_k(logits, [(s.batch, s.raw_top_k) for s in decoding if s.raw_top_k is not None])
         for state in decoding:
-            taken = argmax[state.rows] if argmax is not None and state.plain_greedy else None
+            taken = argmax[state.rows] if argmax is not None and state.takes_argmax else None
             shared = top is not None and state.raw_top_k is not None and state.raw_top_k < top[0].shape[-1]
             tops = (top[0][state.rows], top[1][state.rows]) if shared else None  # (b, kmax + 1) each
             try:

@@ -95,16 +95,29 @@ class GrammarProcessor(LogitsProcessor):
         self.seen = 0  # tokens of the history already consumed (the prompt's first)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._follow(input_ids)
+        banned = _banned([m.compute_bitmask() for m in self.matchers], scores.shape[-1])  # (b, vocab)
+        return _forbid(scores, banned)  # in place, as HF's processors do
+
+    def allows(self, input_ids: torch.Tensor, tokens: torch.Tensor) -> bool:
+        """Whether every row's grammar takes its token of `tokens` (b,) next, after the history `input_ids`
+        (b, S): then masking the scores would not change their argmax, and a greedy caller may skip the
+        mask (0.4 ms a row at 262k, against 0.01 for this check). A stopped row answers False."""
+        self._follow(input_ids)
+        rows = zip(self.matchers, tokens.tolist(), strict=True)
+        return all(not m.is_stopped() and m.validate_tokens([t]) == 1 for m, t in rows)
+
+    def _follow(self, input_ids: torch.Tensor) -> None:
+        """Each row's matcher consumes the tokens of `input_ids` (b, S) it has not seen yet (none on the
+        first call: the prompt)."""
         if self.matchers is None:
             self.matchers = [self.first] + [self.first.deep_copy() for _ in range(input_ids.shape[0] - 1)]
-        else:
+        elif input_ids.shape[1] > self.seen:
             for m, tokens in zip(self.matchers, input_ids[:, self.seen :].tolist(), strict=True):
                 for token in tokens:
                     if not m.is_stopped():  # a finished row is padded after its eos
                         self._consume(m, token)
         self.seen = input_ids.shape[1]
-        banned = _banned([m.compute_bitmask() for m in self.matchers], scores.shape[-1])  # (b, vocab)
-        return _forbid(scores, banned)  # in place, as HF's processors do
 
     @staticmethod
     def _consume(matcher, token: int) -> None:

@@ -108,3 +108,54 @@ def test_the_masks_bits_ban_exactly_the_tokens_llguidance_leaves_out(vocab, dtyp
     assert out.data_ptr() == scores.data_ptr()
     expected = before.masked_fill(~allowed[:, :vocab], float("-inf"))
     assert torch.equal(out, expected)
+
+
+def test_a_grammar_allows_exactly_the_tokens_its_mask_lets_through(rt):
+    """`allows` (the check a greedy row makes before any mask) agrees with the mask on every token of the
+    vocabulary, step after step along a sampled path to the grammar's end, the end of sequence included
+    where the grammar may end or go on (the regex); a stopped row, whose mask lets through the end of
+    sequence only, answers False, so that the mask decides."""
+    vocab, g = rt.validator.vocab_size, torch.Generator().manual_seed(0)
+    constraints = [("json_schema", {"type": "object", "properties": {"note": {"type": "string"}}}),
+                   ("choice", ["yes", "no"]), ("regex", r"[a-z]{1,12}")]  # fmt: skip
+    for constraint in constraints:
+        processor, history, ends = rt.constrain(*constraint), _prompt(), 0
+        while True:
+            allowed = torch.isfinite(processor(history, torch.zeros(1, vocab)))[0]  # (vocab,)
+            checked = [processor.allows(history, torch.tensor([t])) for t in range(vocab)]
+            if processor.matchers[0].is_stopped():
+                assert allowed.nonzero().flatten().tolist() == [rt.tokenizer.eos_token_id] and not any(checked)
+                break
+            assert checked == allowed.tolist()
+            ends += bool(allowed[rt.tokenizer.eos_token_id])
+            choices = allowed.nonzero().flatten()
+            token = choices[torch.randint(len(choices), (1,), generator=g)]  # (1,)
+            history = torch.cat([history, token[None]], dim=-1)
+        assert ends or constraint[0] != "regex"  # the regex's path met a state that may end or go on
+
+
+def test_greedy_under_a_grammar_gives_the_masked_argmax_with_or_without_the_check(rt, monkeypatch):
+    """Greedy rows check their argmax against the grammar and mask only when it is refused; keeping the
+    processed scores (output_scores) takes the mask every step. Both give the same tokens, for a batch
+    of two prompts of different lengths (left-padded), under three formats, and the runs take both
+    branches (a random model's argmax is refused by the schema of fixed values, often taken in a string)."""
+    from runtime.generation.grammar import GrammarProcessor
+
+    answers = []
+    allows = GrammarProcessor.allows
+    monkeypatch.setattr(GrammarProcessor, "allows", lambda *a: answers.append(allows(*a)) or answers[-1])
+    ids = torch.tensor([[0, 2, 40, 41, 42, 43], [2, 50, 51, 52, 53, 54]])  # (2, 6)
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+
+    def tokens(constraint, **options):
+        out = rt.generate(
+            ids, attention_mask=mask, max_new_tokens=24, do_sample=False, return_dict_in_generate=True,
+            logits_processor=[rt.constrain(*constraint)], **options,
+        )  # fmt: skip
+        return out.sequences
+
+    for constraint in [("json_schema", SCHEMA), ("regex", r"[a-z ]{3,40}"),
+                       ("json_schema", {"type": "object", "properties": {"note": {"type": "string"}}})]:  # fmt: skip
+        checked, asked = tokens(constraint), len(answers)
+        assert torch.equal(checked, tokens(constraint, output_scores=True)) and len(answers) == asked
+    assert True in answers and False in answers
