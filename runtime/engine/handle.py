@@ -9,13 +9,22 @@ cache rows.
 
 from __future__ import annotations
 
+import asyncio
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import torch
 
 from runtime.engine.request import _END, Request, RequestState
 from runtime.engine.status import FinishReason
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+    """`callback` on `loop` from another thread; nothing once the loop has closed (its reader is gone)."""
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:
+        pass
 
 
 class Handle:
@@ -79,6 +88,30 @@ class Handle:
             while (item := self._get()) is not _END:
                 yield item
         finally:
+            self.cancel()  # a no-op once finished; otherwise the caller left early
+        if self.error is not None:
+            raise self.error
+
+    async def items(self) -> AsyncIterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        """The same stream for a caller on an asyncio loop (the server): the engine's thread wakes the
+        loop after each put, and the loop takes what has come. A thread blocked per request instead
+        (starlette's iterate_in_threadpool) hops threads three times a token; on 2 cores each hop can
+        preempt one of the step's two OpenMP threads, and the other then waits at its barriers."""
+        loop, ready = asyncio.get_running_loop(), asyncio.Event()
+        self._state.wake = lambda: _call_soon(loop, ready.set)
+        try:
+            while True:
+                try:
+                    item = self._state.stream.get_nowait()
+                except queue.Empty:
+                    await ready.wait()
+                    ready.clear()
+                    continue
+                if item is _END:
+                    break
+                yield item
+        finally:
+            self._state.wake = None
             self.cancel()  # a no-op once finished; otherwise the caller left early
         if self.error is not None:
             raise self.error

@@ -18,6 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -115,6 +116,7 @@ class RequestState:
         self.finish_reasons: list[FinishReason | None] = [None] * request.batch
         self.error: BaseException | None = None
         self.stream: queue.SimpleQueue = queue.SimpleQueue()  # (tokens (b,), logits or None) per step, then _END
+        self.wake: Callable[[], None] | None = None  # called after each put on `stream` (an asyncio reader's)
         self.finished = threading.Event()
         self.drafter = None  # runtime.engine.speculation.Drafter when it drafts tokens (the engine sets it)
         # (processors before HF's top-k, k, the rest) when it samples among the survivors (Request.sampler)
@@ -232,6 +234,7 @@ class RequestState:
         """Hand a step's tokens (b,) (and its raw logits, if the caller wants them) to the caller."""
         self.times.append(time.monotonic())
         self.stream.put((token, logits if self.want_logits else None))
+        self._woken()
 
     def _stop(self) -> None:
         """As in generate: each criterion reads the history with the new token (and the scores HF keeps);
@@ -266,3 +269,8 @@ class RequestState:
         self.status, self.error = Status.FINISHED, error
         self.finished.set()
         self.stream.put(_END)
+        self._woken()
+
+    def _woken(self) -> None:
+        if (wake := self.wake) is not None:
+            wake()

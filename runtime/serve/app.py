@@ -19,7 +19,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.errors import EngineClosedError, InvalidInputError, QueueFullError, RuntimeBusyError
@@ -243,13 +243,19 @@ async def _respond(app: FastAPI, request: Request, body, build_inputs, kind: str
     if body.stream:
         return StreamingResponse(_events(app, request, handle, text, reply, body), media_type="text/event-stream")
     try:
-        await _unless_gone(request, handle, run_in_threadpool(list, text))  # each choice keeps its own text
+        await _unless_gone(request, handle, _read(text))  # each choice keeps its own text
     except Exception as e:
         request.state.generating = False  # the error response's own line says its status
         raise _failure(e) from None
     finally:
         _ended(app, request, handle, text, reply)
     return reply.whole()
+
+
+async def _read(text: TextStream) -> None:
+    """A whole reply's text, read on the loop as the engine's thread wakes it (Handle.items)."""
+    async for _ in text:
+        pass
 
 
 def _reader(rt, body, prompt_ids):
@@ -326,7 +332,7 @@ async def _events(app: FastAPI, request: Request, handle, text: TextStream, repl
     try:
         for chunk in reply.opening():  # the role first, as OpenAI does
             yield reply.event(chunk)
-        async for row, piece in iterate_in_threadpool(iter(text)):
+        async for row, piece in text:  # the engine's thread wakes this loop (Handle.items)
             for chunk in reply.pieces(row, piece):
                 yield reply.event(chunk)
         for chunk in reply.closing():

@@ -9,7 +9,10 @@ choice. `n` greedy choices are one row decoded once (they would be identical), r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
+
+import torch
 
 from runtime.serve.logprobs import Scored, scored
 from runtime.text import TextPieces
@@ -97,12 +100,37 @@ class TextStream:
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         for tokens, logits in self.handle:  # tokens (b,), logits (b, vocab) raw or None
-            for i, row in enumerate(self.rows):
-                if piece := row.add(int(tokens[i]), logits[i] if logits is not None else None):
-                    yield i, piece
-            if all(row.ended for row in self.rows):  # every row is padding from here on
-                self.handle.cancel()
+            yield from self._pieces(tokens, logits)
+            if self._ended():
                 break
+        yield from self._endings()
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, str]]:
+        """The same pieces for a caller on an asyncio loop (runtime.engine.handle.Handle.items)."""
+        async with aclosing(self.handle.items()) as steps:
+            async for tokens, logits in steps:
+                for item in self._pieces(tokens, logits):
+                    yield item
+                if self._ended():
+                    break
+        for item in self._endings():
+            yield item
+
+    def _pieces(self, tokens: torch.Tensor, logits: torch.Tensor | None) -> list[tuple[int, str]]:
+        """One step's (row, text piece) of each row that has new text: tokens (b,), logits (b, vocab)."""
+        pieces = []
+        for i, row in enumerate(self.rows):
+            if piece := row.add(int(tokens[i]), logits[i] if logits is not None else None):
+                pieces.append((i, piece))
+        return pieces
+
+    def _ended(self) -> bool:
+        """Whether every row is padding from here on: the request is then cancelled."""
+        if ended := all(row.ended for row in self.rows):
+            self.handle.cancel()
+        return ended
+
+    def _endings(self) -> Iterator[tuple[int, str]]:
         reasons = self.handle.finish_reasons or ()
         for i, row in enumerate(self.rows):
             if piece := row.end(reasons[i].openai if i < len(reasons) else "stop"):

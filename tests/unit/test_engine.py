@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers import (
     GREEDY,
+    LOGIT_ATOL,
     SAMPLED,
     admitted_together,
     assert_each_matches_lone_generate,
@@ -129,6 +130,67 @@ def test_leaving_the_iterator_early_cancels_the_request(stand_in):
         break
     assert handle.cancelled
     _wait_idle(bundle.engine)
+
+
+def _items(handle, stop_after: int | None = None) -> list:
+    """The handle's steps read on an asyncio loop (Handle.items, as the server reads them); with
+    `stop_after`, the reader leaves after that many."""
+    import asyncio
+    from contextlib import aclosing
+
+    async def read():
+        got = []
+        async with aclosing(handle.items()) as steps:
+            async for item in steps:
+                got.append(item)
+                if len(got) == stop_after:
+                    break
+        return got
+
+    return asyncio.run(read())
+
+
+def test_an_asyncio_reader_gets_every_step_in_order_beside_a_thread_reader(stand_in):
+    """Two requests decode together, one read on an asyncio loop woken by the engine's thread, one by a
+    blocked thread: the same tokens and logits as each one's lone generate."""
+    bundle = stand_in("tiny-llama")
+    g = torch.Generator().manual_seed(123)  # prompts of their own: _prompts' would seed the prefix cache for others
+    a, b = ({"input_ids": torch.randint(3, 300, (1, n), generator=g)} for n in (6, 9))
+    options = {**GREEDY, "max_new_tokens": 12, "min_new_tokens": 12}
+    first, second = _submit(bundle, a, **options), _submit(bundle, b, **options)
+    woken, threaded = collected(_items(first)), collected(second)
+    for (tokens, logits), prompt in ((woken, a), (threaded, b)):
+        expected_tokens, expected_logits = _hf(bundle, prompt, **options)
+        assert torch.equal(tokens, expected_tokens)
+        torch.testing.assert_close(logits, expected_logits, atol=LOGIT_ATOL, rtol=0)
+    assert first.finish_reasons is not None and first._state.wake is None
+
+
+def test_an_asyncio_reader_that_leaves_early_cancels_and_one_that_fails_raises(stand_in, monkeypatch):
+    bundle = stand_in("tiny-llama")
+    prompt = {"input_ids": torch.randint(3, 300, (1, 5), generator=torch.Generator().manual_seed(321))}
+    handle = _submit(bundle, prompt, max_new_tokens=50, min_new_tokens=50)
+    assert len(_items(handle, stop_after=2)) == 2 and handle.cancelled
+    _wait_idle(bundle.engine)
+
+    def exploding(input_ids, scores):
+        raise ValueError("processor exploded")
+
+    failing = _submit(bundle, prompt, max_new_tokens=5, logits_processor=[exploding])
+    with pytest.raises(ValueError, match="processor exploded"):
+        _items(failing)
+    _wait_idle(bundle.engine)
+
+
+def test_waking_a_closed_loop_is_a_no_op():
+    """The engine's thread may wake a reader whose loop has just closed: it must not raise there."""
+    import asyncio
+
+    from runtime.engine.handle import _call_soon
+
+    loop = asyncio.new_event_loop()
+    loop.close()
+    _call_soon(loop, lambda: None)
 
 
 def _wait_idle(engine, timeout: float = 30.0):
