@@ -119,8 +119,8 @@ class TextStream:
     def _pieces(self, tokens: torch.Tensor, logits: torch.Tensor | None) -> list[tuple[int, str]]:
         """One step's (row, text piece) of each row that has new text: tokens (b,), logits (b, vocab)."""
         pieces = []
-        for i, row in enumerate(self.rows):
-            if piece := row.add(int(tokens[i]), logits[i] if logits is not None else None):
+        for i, (row, token) in enumerate(zip(self.rows, tokens.tolist(), strict=True)):  # one copy off a device
+            if piece := row.add(token, logits[i] if logits is not None else None):
                 pieces.append((i, piece))
         return pieces
 

@@ -163,3 +163,23 @@ def test_an_argmax_that_splits_forced_text_is_masked_as_the_mask_says(rt):
 
     (checked, lifted), (masked, _) = tokens(), tokens(output_scores=True)
     assert torch.equal(checked, masked) and lifted
+
+
+def test_a_row_that_a_stop_string_ends_leaves_the_grammar_of_the_others_alone(rt):
+    """A finished row takes the pad id from then on, which its grammar need not allow: the grammar stops
+    following it, and the other row decodes on under its own grammar."""
+    x = rt.tokenizer.convert_tokens_to_ids("x")
+
+    def first_row_writes_x(input_ids, scores):
+        scores[0, x] = scores.max() + 1
+        return scores
+
+    prompts = torch.tensor([[2, 40, 41, 42, 43], [2, 50, 51, 52, 53]])  # (2, 5)
+    for options in ({"do_sample": False}, {"do_sample": False, "output_scores": True}):
+        out = rt.generate(
+            prompts, max_new_tokens=8, stop_strings=["x"], return_dict_in_generate=True,
+            logits_processor=[first_row_writes_x, rt.constrain("regex", "[a-z ]{1,60}")], **options,
+        )  # fmt: skip
+        first, second = (rt.tokenizer.decode(row[5:], skip_special_tokens=True) for row in out.sequences)
+        assert first == "x" and out.finish_reasons[0] == "stop_string"
+        assert re.fullmatch("[a-z ]{1,60}", second) and out.finish_reasons[1] == "length"
