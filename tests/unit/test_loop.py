@@ -213,6 +213,32 @@ def test_stream_pieces_join_to_the_decoded_ids(text):
         assert "".join(pieces) == _ByteTokenizer().decode(ids)
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-mistral", "tiny-gemma2", "tiny-gemma3"])
+def test_stream_pieces_of_each_presets_tokenizer_join_to_its_decode(checkpoint, name):
+    """The presets' fast tokenizers take tokenizers' DecodeStream (a window a token, not the whole text):
+    over random ids, special and byte tokens among them, ending anywhere (inside a character too), its
+    pieces join to what decode gives, skipping special tokens or not. A tokenizer that cleans up spaces
+    after decoding decodes the whole text instead, and joins the same way."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from runtime.text import TextPieces
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint(name))
+    rnd, vocab = random.Random(name), len(tokenizer)
+    for cleans_up in (False, True):
+        tokenizer.clean_up_tokenization_spaces = cleans_up
+        for _ in range(60):
+            length = rnd.choice([1, 3, 20, 80])
+            ids = [rnd.randrange(vocab if rnd.random() < 0.7 else min(300, vocab)) for _ in range(length)]
+            for skip in (True, False):
+                pieces = TextPieces(tokenizer, skip)
+                assert (pieces.stream is None) == cleans_up
+                joined = "".join([pieces.add(t) for t in ids] + [pieces.finish()])
+                assert joined == tokenizer.decode(ids, skip_special_tokens=skip), (ids, skip)
+
+
 def test_the_parity_gates_batch_keeps_the_first_token_in_every_row():
     """Row i is left-padded by i and drops the i tokens after the first: dropping the BOS itself made
     Gemma's bf16 logits move by 30 between a row padded and alone (HF against HF), failing the gate."""
