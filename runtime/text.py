@@ -29,9 +29,16 @@ class TextPieces:
     def add(self, token: int) -> str:
         self.ids.append(token)
         if self.stream is not None:
-            piece = self.stream.step(self.tokenizer.backend_tokenizer, token) or ""  # None: held back
-            self.emitted.append(piece)
-            return piece
+            try:
+                piece = self.stream.step(self.tokenizer.backend_tokenizer, token) or ""  # None: held back
+            except Exception:  # noqa: BLE001 (tokenizers raises a plain Exception)
+                # its window's text no longer starts with what it released (ByteFallback rewrites a run of
+                # bytes that is not UTF-8 as a whole: a stray continuation byte after a character): the
+                # whole text from here on, as elsewhere
+                self.stream = None
+            else:
+                self.emitted.append(piece)
+                return piece
         text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
         if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
             return ""

@@ -239,6 +239,26 @@ def test_stream_pieces_of_each_presets_tokenizer_join_to_its_decode(checkpoint, 
                 assert joined == tokenizer.decode(ids, skip_special_tokens=skip), (ids, skip)
 
 
+def test_a_byte_run_that_rewrites_released_text_falls_back_to_the_whole_text():
+    """With ByteFallback (Llama 2, Mistral, Gemma), a stray continuation byte after a character turns the
+    run into replacement characters, so the text no longer starts with the released "é": DecodeStream
+    raises there; the pieces go on the whole-text way, as they always did (the rewrite is not re-sent)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    from runtime.text import TextPieces
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "x": 257}
+    model = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    model.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=model, unk_token="<unk>")
+    ids = tokenizer.convert_tokens_to_ids(["<0xC3>", "<0xA9>", "<0xA9>", "x", "x"])
+    pieces = TextPieces(tokenizer)
+    assert pieces.stream is not None
+    assert [pieces.add(t) for t in ids] + [pieces.finish()] == ["", "é", "", "", "x", ""]
+    assert pieces.stream is None and tokenizer.decode(ids) == "\ufffd\ufffd\ufffdxx"
+
+
 def test_the_parity_gates_batch_keeps_the_first_token_in_every_row():
     """Row i is left-padded by i and drops the i tokens after the first: dropping the BOS itself made
     Gemma's bf16 logits move by 30 between a row padded and alone (HF against HF), failing the gate."""
