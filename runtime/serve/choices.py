@@ -62,6 +62,7 @@ class ChoiceText:
         piece = self.pieces.add(token)
         if token in self.eos_ids:
             self.ended, self.finish_reason = True, "stop"
+            piece += self.pieces.finish()  # what it held back (bytes of a character the eos cut short)
         return self._release(piece, final=self.ended)
 
     def end(self, reason: str | None) -> str:

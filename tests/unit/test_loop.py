@@ -259,6 +259,25 @@ def test_a_byte_run_that_rewrites_released_text_falls_back_to_the_whole_text():
     assert pieces.stream is None and tokenizer.decode(ids) == "\ufffd\ufffd\ufffdxx"
 
 
+def test_a_reply_that_an_eos_ends_inside_a_character_ends_as_decode_does():
+    """The text held back for an incomplete character is let out when an eos ends the row, as decode
+    renders it (it was dropped: the row's end came with the eos, and nothing asked for the rest)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    from runtime.serve.choices import ChoiceText
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "x": 257, "</s>": 258}
+    model = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    model.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=model, unk_token="<unk>", eos_token="</s>")
+    ids = tokenizer.convert_tokens_to_ids(["x", "<0xC3>", "</s>"])
+    row = ChoiceText(tokenizer, [], None, (tokenizer.eos_token_id,))
+    sent = "".join(row.add(t, None) for t in ids) + row.end("length")
+    assert sent == row.content == tokenizer.decode(ids, skip_special_tokens=True) == "x\ufffd"
+    assert row.finish_reason == "stop"
+
+
 def test_the_parity_gates_batch_keeps_the_first_token_in_every_row():
     """Row i is left-padded by i and drops the i tokens after the first: dropping the BOS itself made
     Gemma's bf16 logits move by 30 between a row padded and alone (HF against HF), failing the gate."""
