@@ -239,19 +239,25 @@ def test_stream_pieces_of_each_presets_tokenizer_join_to_its_decode(checkpoint, 
                 assert joined == tokenizer.decode(ids, skip_special_tokens=skip), (ids, skip)
 
 
+def _byte_fallback_tokenizer():
+    """A fast tokenizer whose decoder is ByteFallback's (as Llama 2's, Mistral's, Gemma's): every byte a
+    token, and "x" and an eos "</s>"."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "x": 257, "</s>": 258}
+    model = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    model.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    return PreTrainedTokenizerFast(tokenizer_object=model, unk_token="<unk>", eos_token="</s>")
+
+
 def test_a_byte_run_that_rewrites_released_text_falls_back_to_the_whole_text():
     """With ByteFallback (Llama 2, Mistral, Gemma), a stray continuation byte after a character turns the
     run into replacement characters, so the text no longer starts with the released "é": DecodeStream
     raises there; the pieces go on the whole-text way, as they always did (the rewrite is not re-sent)."""
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
-
     from runtime.text import TextPieces
 
-    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "x": 257}
-    model = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
-    model.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=model, unk_token="<unk>")
+    tokenizer = _byte_fallback_tokenizer()
     ids = tokenizer.convert_tokens_to_ids(["<0xC3>", "<0xA9>", "<0xA9>", "x", "x"])
     pieces = TextPieces(tokenizer)
     assert pieces.stream is not None
@@ -262,15 +268,9 @@ def test_a_byte_run_that_rewrites_released_text_falls_back_to_the_whole_text():
 def test_a_reply_that_an_eos_ends_inside_a_character_ends_as_decode_does():
     """The text held back for an incomplete character is let out when an eos ends the row, as decode
     renders it (it was dropped: the row's end came with the eos, and nothing asked for the rest)."""
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
-
     from runtime.serve.choices import ChoiceText
 
-    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}, "x": 257, "</s>": 258}
-    model = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
-    model.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=model, unk_token="<unk>", eos_token="</s>")
+    tokenizer = _byte_fallback_tokenizer()
     ids = tokenizer.convert_tokens_to_ids(["x", "<0xC3>", "</s>"])
     row = ChoiceText(tokenizer, [], None, (tokenizer.eos_token_id,))
     sent = "".join(row.add(t, None) for t in ids) + row.end("length")
