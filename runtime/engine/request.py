@@ -49,6 +49,17 @@ _KINDS = {
 }
 
 
+def _pooled_grammar(head: LogitsProcessorList) -> tuple[GrammarProcessor | None, LogitsProcessorList | None]:
+    """(the grammar, the other processors) when the processors before top-k are one grammar and processors
+    that only rescale (runtime.engine.sampling.ranks_like_its_input): a positive rescaling keeps -inf and
+    the order, so the mask and it commute. Else (None, None)."""
+    grammars = [p for p in head if isinstance(p, GrammarProcessor)]
+    rest = LogitsProcessorList(p for p in head if not isinstance(p, GrammarProcessor))
+    if len(grammars) != 1 or not sampling.ranks_like_its_input(rest):
+        return None, None
+    return grammars[0], rest
+
+
 def reason_of(criterion) -> FinishReason:
     return next((r for kind, r in _KINDS.items() if isinstance(criterion, kind)), FinishReason.CRITERION)
 
@@ -122,9 +133,15 @@ class RequestState:
         # (processors before HF's top-k, k, the rest) when it samples among the survivors (Request.sampler)
         sampled = request.sampler == "top-k" and request.config.do_sample and not request.keeps_scores
         self.survivors = at_top_k(request.processors) if sampled else None
-        # its k when the processors before top-k only rescale: it then ranks the raw logits (shared_top_k)
-        ranks_raw = self.survivors is not None and sampling.ranks_like_its_input(self.survivors[0])
-        self.raw_top_k: int | None = self.survivors[1] if ranks_raw else None
+        # its k when the processors before top-k only rescale: it then ranks the raw logits (shared_top_k);
+        # with a grammar among them too, it reads the grammar's mask over a pool of 2(k + 1) of them
+        # (GrammarProcessor.top_allowed) and masks the whole vocabulary only where the pool cannot tell
+        self.pooled, self.rescalers = _pooled_grammar(self.survivors[0]) if self.survivors else (None, None)
+        ranks_raw = self.survivors is not None and sampling.ranks_like_its_input(
+            self.survivors[0] if self.pooled is None else self.rescalers
+        )
+        k = self.survivors[1] if self.survivors else 0
+        self.raw_top_k: int | None = (2 * k + 1 if self.pooled else k) if ranks_raw else None
         # a greedy request whose last processor is a grammar and whose processed scores no one keeps:
         # its argmax is checked against the grammar before the grammar masks anything (_checked_greedy)
         greedy_grammar = not request.config.do_sample and not request.keeps_scores and request.processors
@@ -174,7 +191,7 @@ class RequestState:
         # A processor may write its input in place; the raw logits need a copy only if the caller gets
         # them (a 262k-vocabulary copy cost 1-5 ms a token, as much as the rest of the engine)
         # (HF's temperature and ranking warpers, all a raw_top_k request has, write nothing in place)
-        protect = bool(r.processors) and self.want_logits and self.raw_top_k is None
+        protect = bool(r.processors) and self.want_logits and (self.raw_top_k is None or self.pooled is not None)
         logits = logits.clone() if protect else logits
         if self.pads and self.grammars:  # a row that has ended is padded: its grammar must not follow it
             ended = (~self.unfinished).tolist()
@@ -205,9 +222,16 @@ class RequestState:
         """logits (b, vocab) -> token ids (b,) drawn among the top-k warper's survivors; a tie at the k-th
         score takes generate's own draw (runtime.engine.sampling)."""
         head, k, rest = self.survivors
-        if self.raw_top_k is not None:  # temperature keeps the order: it runs over the k + 1 survivors only
-            values, indices = top if top is not None else sampling.top_k_and_next(logits, k)  # (b, k + 1 or more)
-            values, indices, scores = head(self.history, values[:, : k + 1]), indices[:, : k + 1], None
+        pooled = None
+        if self.raw_top_k is not None:  # raw: at least raw_top_k + 1 columns
+            values, indices = top if top is not None else sampling.top_k_and_next(logits, self.raw_top_k)
+            pooled = (values, indices) if self.pooled is None else self.pooled.top_allowed(
+                self.history, logits, values, indices, k + 1
+            )  # fmt: skip
+        if pooled is not None:  # temperature keeps the order: it runs over the k + 1 survivors only
+            values, indices = pooled
+            rescale = self.rescalers if self.pooled is not None else head
+            values, indices, scores = rescale(self.history, values[:, : k + 1]), indices[:, : k + 1], None
             survivors = sampling.survivors_distribution(values, indices, k, rest, self.history)
         else:
             scores = head(self.history, logits)  # (b, vocab)

@@ -115,6 +115,19 @@ class GrammarProcessor(LogitsProcessor):
         masks = enumerate(zip(self._bitmasks(), tokens.tolist(), strict=True))
         return all(_lets_through(mask, t) for row, (mask, t) in masks if not self._ended(row))
 
+    def top_allowed(
+        self, input_ids: torch.Tensor, scores: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The n highest masked scores (values, indices) (b, n), highest first, without masking `scores`
+        (b, vocab): from the raw scores' P >= n highest (`values`, `indices` (b, P), a topk's), each row's
+        mask read at those P tokens only (_pooled). None where a row's pool cannot tell: its n highest
+        allowed tokens are not all inside it (the caller masks the whole vocabulary, as before)."""
+        self._follow(input_ids)
+        rows = [_pooled(*row, n) for row in zip(self._bitmasks(), scores, values, indices, strict=True)]
+        if any(row is None for row in rows):
+            return None
+        return torch.stack([v for v, _ in rows]), torch.stack([i for _, i in rows])
+
     def _ended(self, row: int) -> bool:
         return row < len(self.ended) and self.ended[row]
 
@@ -145,6 +158,34 @@ class GrammarProcessor(LogitsProcessor):
 def _lets_through(bitmask: bytes, token: int) -> bool:
     """Whether llguidance's bitmask (a bit per token, lowest first, little-endian) sets `token`'s bit."""
     return 0 <= token < 8 * len(bitmask) and bool(bitmask[token >> 3] >> (token & 7) & 1)
+
+
+def _pooled(
+    bitmask: bytes, scores: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One row: its masked scores' n highest (values, indices) (n,) from the raw `scores` (vocab,) and their
+    P highest (`values`, `indices` (P,), highest first), or None. Two cases are exact:
+    - the pool holds n allowed tokens: those are the masked top n, since an allowed token outside the pool
+      scores at most the pool's lowest, so at most the n-th of them (tied with it, it changes no value; a
+      tie at the k-th sends either way to HF's path). Inside a JSON string most tokens are allowed;
+    - the mask allows fewer than n tokens: all of them, then -inf at disallowed tokens of the pool, as a
+      topk of the masked scores has them (at other -inf tokens, which get probability 0 either way)."""
+    bits, ids = np.frombuffer(bitmask, dtype=np.uint8), indices.numpy()
+    inside = ids < 8 * len(bits)
+    allowed = np.zeros(len(ids), dtype=bool)
+    allowed[inside] = (bits[ids[inside] >> 3] >> (ids[inside] & 7)) & 1
+    at = np.flatnonzero(allowed)  # pool positions of allowed tokens, highest first
+    if len(at) >= n:
+        take = torch.from_numpy(at[:n])
+        return values[take], indices[take]
+    everyone = np.flatnonzero(np.unpackbits(bits, bitorder="little")[: len(scores)])  # the allowed token ids
+    if not 0 < len(everyone) < n:
+        return None
+    tokens = torch.from_numpy(everyone)
+    found, order = scores[tokens].sort(descending=True)
+    padding = indices[torch.from_numpy(np.flatnonzero(~allowed)[: n - len(everyone)])]
+    minus_inf = torch.full((len(padding),), float("-inf"), dtype=scores.dtype)
+    return torch.cat([found, minus_inf]), torch.cat([tokens[order], padding])
 
 
 def _banned(bitmasks: list[bytes], vocab: int) -> np.ndarray:

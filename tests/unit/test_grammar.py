@@ -9,11 +9,22 @@ import json
 import re
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 from helpers import JSON_SCHEMA as SCHEMA
+from transformers.generation import LogitsProcessorList
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
+from runtime.engine.sampling import (
+    at_top_k,
+    probabilities,
+    survivors_distribution,
+    top_k_and_next,
+    top_k_distribution,
+)
 from runtime.errors import InvalidInputError
+from runtime.generation.grammar import GrammarProcessor, _pooled
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +194,85 @@ def test_a_row_that_a_stop_string_ends_leaves_the_grammar_of_the_others_alone(rt
         first, second = (rt.tokenizer.decode(row[5:], skip_special_tokens=True) for row in out.sequences)
         assert first == "x" and out.finish_reasons[0] == "stop_string"
         assert re.fullmatch("[a-z ]{1,60}", second) and out.finish_reasons[1] == "length"
+
+
+def _bitmask(allowed: torch.Tensor) -> bytes:
+    """A (vocab,) bool as llguidance's bitmask: a bit per token, lowest first, 32 to a little-endian word."""
+    words = (allowed.shape[0] + 31) // 32
+    padded = torch.zeros(words * 32, dtype=torch.bool)
+    padded[: allowed.shape[0]] = allowed
+    return np.packbits(padded.numpy(), bitorder="little").tobytes()
+
+
+@pytest.mark.parametrize("vocab", [262_144, 1000])
+@pytest.mark.parametrize("k", [5, 64])
+@pytest.mark.parametrize("kind", ["most", "half", "few", "exactly k", "k + 1", "one", "ties"])
+def test_the_top_k_a_pool_gives_under_a_mask_is_the_whole_masked_vocabularys(vocab, k, kind):
+    """The sampled rows' shortcut (grammar._pooled): the masked scores' k + 1 highest read from the raw
+    scores' 2(k + 1) highest and the mask at those tokens give the survivors a topk over the whole masked
+    vocabulary gives (the same tokens, the same probabilities), or no answer (the caller masks the whole
+    vocabulary): with most tokens allowed (inside a JSON string), half, fewer than k, exactly k or k + 1
+    (the -inf survivors padded), one (a forced token), and tied scores (the pool cannot tell)."""
+    g = torch.Generator().manual_seed(vocab + k)
+    scores = torch.randn(3, vocab, generator=g) * 3  # (B, vocab)
+    if kind == "ties":
+        scores = torch.randint(0, 12, (3, vocab), generator=g).float()
+    density = {"most": 0.97, "half": 0.5, "ties": 0.97}.get(kind, 0.0)
+    allowed = torch.rand(3, vocab, generator=g) < density  # (B, vocab)
+    for row in range(3):
+        count = {"few": 3, "exactly k": k, "k + 1": k + 1, "one": 1}.get(kind)
+        if count is not None:
+            allowed[row, torch.randperm(vocab, generator=g)[:count]] = True
+    warpers = LogitsProcessorList([TopKLogitsWarper(k), TopPLogitsWarper(0.9)])
+    _, k, rest = at_top_k(warpers)
+    history = torch.zeros(1, 4, dtype=torch.long)
+    values, indices = top_k_and_next(scores, 2 * k + 1)  # (B, 2(k + 1)) each: the raw pool
+    answered = 0
+    for row in range(3):
+        masked = scores[row : row + 1].masked_fill(~allowed[row], float("-inf"))  # (1, vocab)
+        expected = top_k_distribution(masked, k, rest, history)
+        pooled = _pooled(_bitmask(allowed[row]), scores[row], values[row], indices[row], k + 1)
+        if pooled is None:
+            assert kind in ("half", "k + 1", "ties")  # the pool may not hold their k + 1 highest
+            continue
+        answered += 1
+        got = survivors_distribution(pooled[0][None], pooled[1][None], k, rest, history)
+        assert (got is None) == (expected is None)  # a tie at the k-th score: HF's path either way
+        if got is not None:
+            full = [torch.zeros(vocab).scatter(0, i[0], p[0]) for i, p in (got, expected)]
+            torch.testing.assert_close(full[0], full[1], rtol=1e-6, atol=0)
+            assert set(full[0].nonzero().flatten().tolist()) <= set(allowed[row].nonzero().flatten().tolist())
+            assert torch.equal(full[0], full[1]) or kind != "most"  # no -inf survivor: the very same numbers
+            hf = probabilities(warpers(history, masked.clone()))[0]  # HF's warpers over the whole vocabulary
+            torch.testing.assert_close(full[0], hf, rtol=1e-5, atol=1e-7)
+    assert answered or kind in ("half", "k + 1", "ties")
+
+
+def test_sampled_rows_under_a_grammar_take_the_pools_survivors_along_real_runs(rt, monkeypatch):
+    """The top-k sampler under a grammar (serve's default): at every step of real runs, the survivors the
+    pool gave are those of the whole masked vocabulary (checked in place); the pool answers most steps,
+    and every reply validates against the schema."""
+    _, k, rest = at_top_k(LogitsProcessorList([TopKLogitsWarper(8), TopPLogitsWarper(0.95)]))
+    real, steps = GrammarProcessor.top_allowed, []
+
+    def checked(self, input_ids, scores, values, indices, n):
+        pooled = real(self, input_ids, scores, values, indices, n)
+        expected = top_k_distribution(self(input_ids, scores.clone()), k, rest, input_ids)  # the whole vocabulary
+        steps.append(pooled is not None)
+        got = None if pooled is None else survivors_distribution(*pooled, k, rest, input_ids)
+        assert got is None or expected is not None
+        if got is not None:  # -inf survivors (fewer than k allowed) may sit at other tokens, with probability 0
+            full = [torch.zeros(scores.shape).scatter(1, i, p) for i, p in (got, expected)]  # (b, vocab) each
+            torch.testing.assert_close(full[0], full[1], rtol=1e-6, atol=0)
+        return pooled
+
+    monkeypatch.setattr(GrammarProcessor, "top_allowed", checked)
+    for seed in range(6):
+        grammar = rt.constrain("json_schema", SCHEMA)
+        handle = rt.submit(
+            _prompt(), do_sample=True, top_k=8, top_p=0.95, sampler="top-k", max_new_tokens=40,
+            generator=torch.Generator().manual_seed(seed), logits_processor=[grammar],
+        )  # fmt: skip
+        tokens = torch.cat([token for token, _ in handle])
+        jsonschema.validate(json.loads(rt.tokenizer.decode(tokens, skip_special_tokens=True)), SCHEMA)
+    assert len(steps) > 30 and sum(steps) > len(steps) / 2, steps
