@@ -190,8 +190,10 @@ class RequestState:
         r = self.request
         # A processor may write its input in place; the raw logits need a copy only if the caller gets
         # them (a 262k-vocabulary copy cost 1-5 ms a token, as much as the rest of the engine)
-        # (HF's temperature and ranking warpers, all a raw_top_k request has, write nothing in place)
-        protect = bool(r.processors) and self.want_logits and (self.raw_top_k is None or self.pooled is not None)
+        # (HF's temperature and ranking warpers, all a raw_top_k request has but a grammar, write nothing in
+        # place; a grammar masks in place where its pool cannot tell, which copies them then, _whole)
+        whole = self.raw_top_k is None or (self.pooled is not None and draft is not None)
+        protect = bool(r.processors) and self.want_logits and whole
         logits = logits.clone() if protect else logits
         if self.pads and self.grammars:  # a row that has ended is padded: its grammar must not follow it
             ended = (~self.unfinished).tolist()
@@ -234,12 +236,18 @@ class RequestState:
             values, indices, scores = rescale(self.history, values[:, : k + 1]), indices[:, : k + 1], None
             survivors = sampling.survivors_distribution(values, indices, k, rest, self.history)
         else:
-            scores = head(self.history, logits)  # (b, vocab)
+            scores = self._whole(head, logits)  # (b, vocab)
             survivors = sampling.top_k_distribution(scores, k, rest, self.history)
         if survivors is not None:
             return sampling.draw(survivors, self.request.generator)
-        scores = head(self.history, logits) if scores is None else scores  # HF's path, ties and all
+        scores = self._whole(head, logits) if scores is None else scores  # HF's path, ties and all
         return next_token(rest(self.history, scores), True, self.request.generator)
+
+    def _whole(self, head: LogitsProcessorList, logits: torch.Tensor) -> torch.Tensor:
+        """logits (b, vocab) -> `head` over the whole vocabulary. A pooled grammar masks in place there,
+        so a caller who keeps the raw logits gets them unmasked: a copy is masked (`choose` copies them up
+        front only where the processors always run over the whole vocabulary)."""
+        return head(self.history, logits.clone() if self.want_logits and self.pooled is not None else logits)
 
     def _checked_greedy(self, logits: torch.Tensor, argmax: torch.Tensor | None) -> torch.Tensor:
         """logits (b, vocab) -> token ids (b,): the argmax of the scores before the grammar when the grammar's

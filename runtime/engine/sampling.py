@@ -15,7 +15,9 @@ temperature, top-k, top-p, repetition penalty and friends mean exactly what they
   give probability 0: the same distribution, up to float summation order, drawn with other random
   numbers. A tie at the k-th score (HF keeps every tied token) takes the "hf" path for that step.
   When the processors before top-k only rescale (temperature), they run over the survivors, and the
-  engine takes one topk over the step's rows for every such request (shared_top_k).
+  engine takes one topk over the step's rows for every such request (shared_top_k); with a grammar
+  among them, its mask is read over a pool of 2(k + 1) of them (runtime.generation.grammar, _pooled).
+  -inf survivors go last (survivors_distribution), so the same finite survivors draw the same token.
 """
 
 from __future__ import annotations
@@ -162,9 +164,12 @@ def survivors_distribution(
             return None
     # Vocabulary order, as HF's warpers meet the survivors over the whole vocabulary: top-p's cut inside
     # a group of equal scores then keeps the tokens HF keeps, and a seeded draw does not depend on the
-    # order a top-k call returned ties in (its own call, or the step's shared one)
-    indices, order = indices[:, :k].sort(dim=-1)  # (B, k')
-    values = values[:, :k].gather(1, order)  # (B, k')
+    # order a top-k call returned ties in (its own call, or the step's shared one). -inf survivors (fewer
+    # than k possible tokens: a grammar's mask) go last, whichever -inf tokens a top-k returned: where
+    # they sat among the others, they moved tied finite scores and so which ones top-p's sort kept
+    values, indices = values[:, :k], indices[:, :k]  # (B, k') each
+    _, order = (indices + (torch.isneginf(values).long() << 40)).sort(dim=-1)
+    indices, values = indices.gather(1, order), values.gather(1, order)
     for warper in rest:  # HF's own warpers, called as LogitsProcessorList would, without its
         values = warper(history, values)  # inspect.signature of each one at each call (0.1 ms a row)
     return indices, probabilities(values)

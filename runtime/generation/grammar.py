@@ -169,22 +169,23 @@ def _pooled(
       scores at most the pool's lowest, so at most the n-th of them (tied with it, it changes no value; a
       tie at the k-th sends either way to HF's path). Inside a JSON string most tokens are allowed;
     - the mask allows fewer than n tokens: all of them, then -inf at disallowed tokens of the pool, as a
-      topk of the masked scores has them (at other -inf tokens, which get probability 0 either way)."""
-    bits, ids = np.frombuffer(bitmask, dtype=np.uint8), indices.numpy()
+      topk of the masked scores has them (at other -inf tokens: the survivors put them last, and they get
+      probability 0, so the draw is the same; runtime.engine.sampling.survivors_distribution)."""
+    bits, ids = np.frombuffer(bitmask, dtype=np.uint8), indices.cpu().numpy()  # P ids: one copy off a GPU
     inside = ids < 8 * len(bits)
     allowed = np.zeros(len(ids), dtype=bool)
     allowed[inside] = (bits[ids[inside] >> 3] >> (ids[inside] & 7)) & 1
     at = np.flatnonzero(allowed)  # pool positions of allowed tokens, highest first
     if len(at) >= n:
-        take = torch.from_numpy(at[:n])
+        take = torch.from_numpy(at[:n]).to(values.device)
         return values[take], indices[take]
     everyone = np.flatnonzero(np.unpackbits(bits, bitorder="little")[: len(scores)])  # the allowed token ids
     if not 0 < len(everyone) < n:
         return None
-    tokens = torch.from_numpy(everyone)
+    tokens = torch.from_numpy(everyone).to(scores.device)
     found, order = scores[tokens].sort(descending=True)
-    padding = indices[torch.from_numpy(np.flatnonzero(~allowed)[: n - len(everyone)])]
-    minus_inf = torch.full((len(padding),), float("-inf"), dtype=scores.dtype)
+    padding = indices[torch.from_numpy(np.flatnonzero(~allowed)[: n - len(everyone)]).to(indices.device)]
+    minus_inf = torch.full((len(padding),), float("-inf"), dtype=scores.dtype, device=scores.device)
     return torch.cat([found, minus_inf]), torch.cat([tokens[order], padding])
 
 

@@ -249,30 +249,85 @@ def test_the_top_k_a_pool_gives_under_a_mask_is_the_whole_masked_vocabularys(voc
 
 
 def test_sampled_rows_under_a_grammar_take_the_pools_survivors_along_real_runs(rt, monkeypatch):
-    """The top-k sampler under a grammar (serve's default): at every step of real runs, the survivors the
-    pool gave are those of the whole masked vocabulary (checked in place); the pool answers most steps,
-    and every reply validates against the schema."""
+    """The top-k sampler under a grammar (serve's default): at every step of real runs (one row, and a
+    two-row batch), the survivors the pool gave are those of the whole masked vocabulary (checked in
+    place); the pool answers most steps, and every reply validates against the schema. Every third call
+    is refused, as a pool that cannot tell is, so the whole-vocabulary path takes turns with the pool on
+    one grammar; the raw logits a caller keeps stay unmasked either way."""
     _, k, rest = at_top_k(LogitsProcessorList([TopKLogitsWarper(8), TopPLogitsWarper(0.95)]))
     real, steps = GrammarProcessor.top_allowed, []
 
     def checked(self, input_ids, scores, values, indices, n):
+        assert n == k + 1 and values.shape[-1] >= 2 * (k + 1)
         pooled = real(self, input_ids, scores, values, indices, n)
         expected = top_k_distribution(self(input_ids, scores.clone()), k, rest, input_ids)  # the whole vocabulary
         steps.append(pooled is not None)
         got = None if pooled is None else survivors_distribution(*pooled, k, rest, input_ids)
         assert got is None or expected is not None
-        if got is not None:  # -inf survivors (fewer than k allowed) may sit at other tokens, with probability 0
-            full = [torch.zeros(scores.shape).scatter(1, i, p) for i, p in (got, expected)]  # (b, vocab) each
-            torch.testing.assert_close(full[0], full[1], rtol=1e-6, atol=0)
-        return pooled
+        if got is not None:  # -inf survivors (fewer than k allowed) go last: the same tokens and probabilities
+            finite = got[1] > 0
+            assert torch.equal(got[0][finite], expected[0][expected[1] > 0]) and torch.equal(got[1], expected[1])
+        return None if len(steps) % 3 == 0 else pooled
 
     monkeypatch.setattr(GrammarProcessor, "top_allowed", checked)
-    for seed in range(6):
+    prompts = [_prompt(), torch.cat([_prompt(), _prompt() + 7])]  # (1, 5), (2, 5)
+    for seed, prompt in enumerate(prompts * 3):
         grammar = rt.constrain("json_schema", SCHEMA)
         handle = rt.submit(
-            _prompt(), do_sample=True, top_k=8, top_p=0.95, sampler="top-k", max_new_tokens=40,
+            prompt, do_sample=True, top_k=8, top_p=0.95, sampler="top-k", max_new_tokens=40, want_logits=True,
             generator=torch.Generator().manual_seed(seed), logits_processor=[grammar],
         )  # fmt: skip
-        tokens = torch.cat([token for token, _ in handle])
-        jsonschema.validate(json.loads(rt.tokenizer.decode(tokens, skip_special_tokens=True)), SCHEMA)
-    assert len(steps) > 30 and sum(steps) > len(steps) / 2, steps
+        tokens, logits = zip(*handle, strict=True)
+        assert all(bool(torch.isfinite(step).all()) for step in logits)  # (b, vocab) each: raw
+        for row in torch.stack(tokens, dim=-1):
+            jsonschema.validate(json.loads(rt.tokenizer.decode(row, skip_special_tokens=True)), SCHEMA)
+    assert len(steps) > 60 and sum(steps) > len(steps) / 2, steps
+
+
+def test_a_tie_the_pool_cannot_see_is_left_to_hfs_path():
+    """Exactly k allowed tokens in the pool and one more outside it, tied with the k-th: HF keeps all
+    k + 1, so neither path may take k survivors (the pool answers only with k + 1 allowed tokens in it)."""
+    vocab, k = 1000, 5
+    scores = -torch.arange(vocab, dtype=torch.float32)  # (vocab,): token t scores -t, distinct
+    allowed = torch.zeros(vocab, dtype=torch.bool)
+    allowed[[0, 2, 4, 6, 11]] = True  # the pool of 2(k + 1) = 12 holds these 5
+    scores[500], allowed[500] = scores[11], True  # outside the pool, tied with the 5th allowed
+    warpers = LogitsProcessorList([TopKLogitsWarper(k)])
+    _, k, rest = at_top_k(warpers)
+    history = torch.zeros(1, 4, dtype=torch.long)
+    values, indices = top_k_and_next(scores[None], 2 * k + 1)
+    masked = scores[None].masked_fill(~allowed, float("-inf"))
+    assert top_k_distribution(masked, k, rest, history) is None  # a tie at the k-th score: HF's path
+    assert _pooled(_bitmask(allowed), scores, values[0], indices[0], k + 1) is None
+
+
+def test_tied_scores_among_few_allowed_tokens_keep_the_tokens_hfs_path_keeps():
+    """Fewer than k tokens allowed, all tied, and top-p cutting through the tie: the pool pads its k + 1
+    with other -inf tokens than a topk of the masked scores has, and the survivors put those last, so
+    top-p's sort meets the tied tokens in the same places and keeps the same ones."""
+    vocab, k = 200, 50
+    scores = torch.zeros(vocab)
+    allowed = torch.zeros(vocab, dtype=torch.bool)
+    allowed[10:90:10] = True  # 8 tokens, tied
+    _, k, rest = at_top_k(LogitsProcessorList([TopKLogitsWarper(k), TopPLogitsWarper(0.5)]))
+    history = torch.zeros(1, 1, dtype=torch.long)
+    expected = top_k_distribution(scores[None].masked_fill(~allowed, float("-inf")), k, rest, history)
+    values, indices = top_k_and_next(scores[None], 2 * k + 1)
+    pooled = _pooled(_bitmask(allowed), scores, values[0], indices[0], k + 1)
+    got = survivors_distribution(pooled[0][None], pooled[1][None], k, rest, history)
+    assert torch.equal(got[1], expected[1])
+    assert torch.equal(got[0][got[1] > 0], expected[0][expected[1] > 0])  # the same 4 of the 8
+    assert len(got[0][got[1] > 0]) < 8
+
+
+def test_a_k_past_the_vocabulary_pools_the_whole_of_it():
+    vocab, k = 40, 100
+    scores = torch.randn(vocab, generator=torch.Generator().manual_seed(0))
+    allowed = torch.rand(vocab, generator=torch.Generator().manual_seed(1)) < 0.5
+    _, k, rest = at_top_k(LogitsProcessorList([TopKLogitsWarper(k)]))
+    history = torch.zeros(1, 1, dtype=torch.long)
+    values, indices = top_k_and_next(scores[None], 2 * k + 1)  # (1, vocab) each
+    pooled = _pooled(_bitmask(allowed), scores, values[0], indices[0], k + 1)
+    got = survivors_distribution(pooled[0][None], pooled[1][None], k, rest, history)
+    expected = top_k_distribution(scores[None].masked_fill(~allowed, float("-inf")), k, rest, history)
+    assert torch.equal(got[1], expected[1]) and torch.equal(got[0][got[1] > 0], expected[0][expected[1] > 0])
