@@ -43,10 +43,30 @@ _SMALL_VOCABULARY = 32_768  # a topk over this many entries a row costs little a
 def greedy(scores: torch.Tensor) -> torch.Tensor:
     """scores (B, vocab) -> token ids (B,): each row's first maximum, a NaN counting as the maximum, as
     torch's argmax decides. NumPy's argmax for float32 on the CPU: ATen's reads a row of 262k logits
-    single-threaded at ~3 GB/s here (0.30 ms a row; 2.4 ms for 8) against NumPy's vectorised 0.03 ms."""
+    single-threaded at ~3 GB/s here (0.30 ms a row; 2.4 ms for 8) against NumPy's vectorised 0.03 ms.
+    Several rows of a large vocabulary go by blocks (_blocked_argmax)."""
     if scores.device.type == "cpu" and scores.dtype == torch.float32 and scores.dim() == 2 and scores.shape[1]:
+        if scores.shape[0] > 1 and scores.shape[1] >= _SMALL_VOCABULARY:
+            return _blocked_argmax(scores.detach())
         return torch.from_numpy(scores.detach().numpy().argmax(-1)).to(torch.long)
     return scores.argmax(dim=-1)
+
+
+def _blocked_argmax(scores: torch.Tensor) -> torch.Tensor:
+    """scores (B, vocab) float32 on the CPU -> each row's first maximum (B,): the first block whose maximum
+    is the row's (ATen's amax, one pass over every row in the step's threads; a NaN propagates, so the
+    first block holding one), then NumPy's argmax inside it. The first maximum lies in the first block
+    that holds it, at its first place there. 8 rows of 262k logits not in cache: 0.5-0.6 ms against
+    NumPy's one thread's 0.8 (Intel Xeon, 2 threads)."""
+    rows, vocab = scores.shape
+    whole = vocab // _BLOCK * _BLOCK
+    maxima = scores[:, :whole].reshape(rows, whole // _BLOCK, _BLOCK).amax(-1)  # (B, blocks)
+    if whole < vocab:
+        maxima = torch.cat([maxima, scores[:, whole:].amax(-1, keepdim=True)], dim=1)  # (B, blocks + 1)
+    starts = maxima.numpy().argmax(-1) * _BLOCK  # (B,)
+    values = scores.numpy()
+    found = [start + values[row, start : start + _BLOCK].argmax() for row, start in enumerate(starts.tolist())]
+    return torch.tensor(found, dtype=torch.long)
 
 
 def sample(scores: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -308,3 +308,22 @@ def test_greedy_is_torchs_argmax_ties_nan_and_strided_rows_included(dtype):
         chosen = greedy(scores)
     assert chosen.dtype == torch.long and torch.equal(chosen, scores.argmax(-1))
     assert chosen[1:4].tolist() == [0, 5, 4]
+
+
+@pytest.mark.parametrize("vocab", [262_144, 40_001])
+def test_greedy_by_blocks_is_torchs_argmax_too(vocab):
+    """Several rows of a large vocabulary take the first block holding each row's maximum, then its place
+    there: the same as torch's argmax with maxima tied across blocks and inside one, NaN (the first one,
+    in a later block than a larger number), a row of -inf, and the last entries (past the whole blocks)."""
+    from runtime.engine.sampling import greedy
+
+    scores = torch.randn(7, vocab, generator=torch.Generator().manual_seed(vocab))  # (7, vocab)
+    scores[1] = float("-inf")
+    scores[2, [vocab - 1, 300, 301]] = 50.0  # tied: the first wins, inside its block and across blocks
+    scores[3, [vocab // 2, vocab // 3]] = float("nan")
+    scores[3, 5] = 1e30
+    scores[4, -1] = 50.0  # in the tail past the last whole block (when there is one)
+    scores[5, 130] = float("inf")
+    chosen = greedy(scores)
+    assert chosen.dtype == torch.long and torch.equal(chosen, scores.argmax(-1))
+    assert chosen[1:6].tolist() == [0, 300, vocab // 3, vocab - 1, 130]
