@@ -34,6 +34,8 @@ PRIVATE_SYMBOLS = (
         "float? scale=None",
     ),
     ("transformers.configuration_utils.PreTrainedConfig", "_attn_implementation", "property"),
+    ("torch._inductor.codegen.cpp.CppKernel", "decide_parallel_depth", ("max_parallel_depth", "threads")),
+    ("torch._inductor.codegen.cpp", "ParallelDepth", ("parallel_depth", "start_depth")),
 )
 _FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"  # read by transformers.integrations.sdpa_attention at call time
 
@@ -77,7 +79,46 @@ def aoti_compile(exported, options: dict) -> list:
     `aoti_compile_and_package` does before packaging (its docstring's recipe for several models)."""
     args, kwargs = exported.example_inputs
     module = exported.module(check_guards=False)
-    return torch._inductor.aot_compile(module, args, kwargs, options=options | {"aot_inductor.package": True})
+    with serial_small_loops():
+        return torch._inductor.aot_compile(module, args, kwargs, options=options | {"aot_inductor.package": True})
+
+
+# Elements of a CPU loop nest of static size that runs on one thread (serial_small_loops). In the graph's
+# metadata too (exporter.compile), so that Inductor's cache, keyed on its options, never hands back code
+# generated without it.
+SERIAL_UP_TO = 4096
+
+
+@contextmanager
+def serial_small_loops():
+    """While compiling: a CPU loop nest of static size up to SERIAL_UP_TO elements is generated serial.
+    With `cpp.dynamic_threads` (the thread count is the runtime's), Inductor gives every loop nest an
+    OpenMP parallel region whatever its size (`CppKernel.decide_parallel_depth`): a one-row step's norms
+    and rotary embeddings (640 to 2,048 elements) each paid a fork and a barrier (25 regions in the code,
+    ~270 a Gemma 3 step; 3 in the code left). A nest whose size depends on the span or the batch keeps
+    its region. A serial reduction's sum no longer depends on the machine's thread count either."""
+    from torch._inductor.codegen import cpp
+
+    original = cpp.CppKernel.decide_parallel_depth
+
+    def decide(self, max_parallel_depth, threads):
+        chosen = original(self, max_parallel_depth, threads)
+        return cpp.ParallelDepth(0, chosen.start_depth) if is_small(self.call_ranges or ()) else chosen
+
+    cpp.CppKernel.decide_parallel_depth = decide
+    try:
+        yield
+    finally:
+        cpp.CppKernel.decide_parallel_depth = original
+
+
+def is_small(extents) -> bool:
+    """Whether a loop nest of these extents (ints or sympy expressions) has a static size of at most
+    SERIAL_UP_TO elements."""
+    size = 1
+    for extent in extents:
+        size = size * extent
+    return bool(getattr(size, "is_number", True)) and int(size) <= SERIAL_UP_TO
 
 
 def cpp_compiler() -> str:

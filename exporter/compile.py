@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from exporter.compat import aoti_compile, aoti_package, grouped_query_sdpa
+from exporter.compat import SERIAL_UP_TO, aoti_compile, aoti_package, grouped_query_sdpa
 from runtime.errors import ExportError
 from runtime.format.contract import BATCH, INPUT_NAMES, METADATA_KEY, SPAN, STEP_INPUTS, DecodeContract, graph_name
 from runtime.format.manifest import NativeKernels, Quantization
@@ -98,7 +98,10 @@ def inductor_options(
     dequantizing = quantization is not None and quantization.kernels == INDUCTOR
     options = kernel_options(device, cpu_isa, dequantizing)
     # What the .so was compiled for, inside the .so: load() refuses a manifest that says otherwise.
-    options["aot_inductor.metadata"] = {METADATA_KEY: contract.fingerprint(batch, tokens, chunk)}
+    options["aot_inductor.metadata"] = {
+        METADATA_KEY: contract.fingerprint(batch, tokens, chunk),
+        "aotpack_serial_up_to": str(SERIAL_UP_TO),  # keys Inductor's cache on serial_small_loops' codegen
+    }
     return options | native_options(native)
 
 

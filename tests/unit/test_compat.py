@@ -7,6 +7,7 @@ import importlib
 import inspect
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -126,3 +127,26 @@ def test_each_graphs_compiled_files_are_kept_with_its_own_metadata(tmp_path):
     assert json.loads(Path(kept[1]).read_text()) == {METADATA_KEY: "this graph's", "AOTI_DEVICE_KEY": "cpu"}
     (shared / "cabc.wrapper_metadata.json").write_text("{}")  # the other process again: the copy is unaffected
     assert json.loads(Path(kept[1]).read_text())[METADATA_KEY] == "this graph's"
+
+
+def test_loops_of_small_static_size_compile_without_a_parallel_region(monkeypatch):
+    """exporter.compat.serial_small_loops: while compiling, a loop nest of static size up to SERIAL_UP_TO
+    elements gets parallel depth 0 (serial code), whatever Inductor chose; a larger one, or one whose size
+    depends on a dynamic dimension (the span, the batch), keeps Inductor's choice; afterwards Inductor's
+    own method is back."""
+    import sympy
+    from torch._inductor.codegen import cpp
+
+    from exporter.compat import SERIAL_UP_TO, serial_small_loops
+
+    def inductors(self, max_parallel_depth, threads):  # stands for Inductor's choice: one parallel level
+        return cpp.ParallelDepth(parallel_depth=1, start_depth=2)
+
+    monkeypatch.setattr(cpp.CppKernel, "decide_parallel_depth", inductors)
+    span = sympy.Symbol("s0", integer=True, positive=True)
+    nests = {(640,): 0, (4, 256): 0, (SERIAL_UP_TO,): 0, (8, 640): 1, (SERIAL_UP_TO + 1,): 1, (span, 4): 1, (): 0}
+    with serial_small_loops():
+        for extents, depth in nests.items():
+            chosen = cpp.CppKernel.decide_parallel_depth(SimpleNamespace(call_ranges=list(extents)), None, 2)
+            assert (chosen.parallel_depth, chosen.start_depth) == (depth, 2), extents
+    assert cpp.CppKernel.decide_parallel_depth is inductors
