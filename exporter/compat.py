@@ -94,9 +94,9 @@ def serial_small_loops():
     """While compiling: a CPU loop nest of static size up to SERIAL_UP_TO elements is generated serial.
     With `cpp.dynamic_threads` (the thread count is the runtime's), Inductor gives every loop nest an
     OpenMP parallel region whatever its size (`CppKernel.decide_parallel_depth`): a one-row step's norms
-    and rotary embeddings (640 to 2,048 elements) each paid a fork and a barrier (25 regions in the code,
-    ~270 a Gemma 3 step; 3 in the code left). A nest whose size depends on the span or the batch keeps
-    its region. A serial reduction's sum no longer depends on the machine's thread count either."""
+    and rotary embeddings (640 to 2,048 elements) each paid a fork and a barrier (Gemma 3's batch-1
+    graph: 25 regions in its code, 225 a step; 3 and 15 left). A nest whose size depends on the span or
+    a dynamic batch keeps its region. A serial reduction's sum no longer depends on the thread count."""
     from torch._inductor.codegen import cpp
 
     original = cpp.CppKernel.decide_parallel_depth
