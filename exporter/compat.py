@@ -83,9 +83,9 @@ def aoti_compile(exported, options: dict) -> list:
         return torch._inductor.aot_compile(module, args, kwargs, options=options | {"aot_inductor.package": True})
 
 
-# Elements of a CPU loop nest of static size that runs on one thread (serial_small_loops). In the graph's
-# metadata too (exporter.compile), so that Inductor's cache, keyed on its options, never hands back code
-# generated without it.
+# Elements of a CPU loop nest of static size that runs on one thread (serial_small_loops); in each graph's
+# metadata too (exporter.compile), as provenance. (No cache can hand back code generated otherwise: an AOT
+# compile skips Inductor's FX graph cache, and its kernels are named by their code.)
 SERIAL_UP_TO = 4096
 
 
@@ -103,7 +103,10 @@ def serial_small_loops():
 
     def decide(self, max_parallel_depth, threads):
         chosen = original(self, max_parallel_depth, threads)
-        return cpp.ParallelDepth(0, chosen.start_depth) if is_small(self.call_ranges or ()) else chosen
+        # `threads` is the compiling process's: at 1, a serial nest inside a region another nest of its
+        # kernel opened gets no `omp single` and would run on every thread of the run time's team
+        serial = threads > 1 and is_small(self.call_ranges or ())
+        return cpp.ParallelDepth(0, chosen.start_depth) if serial else chosen
 
     cpp.CppKernel.decide_parallel_depth = decide
     try:

@@ -100,7 +100,7 @@ def inductor_options(
     # What the .so was compiled for, inside the .so: load() refuses a manifest that says otherwise.
     options["aot_inductor.metadata"] = {
         METADATA_KEY: contract.fingerprint(batch, tokens, chunk),
-        "aotpack_serial_up_to": str(SERIAL_UP_TO),  # keys Inductor's cache on serial_small_loops' codegen
+        "aotpack_serial_up_to": str(SERIAL_UP_TO),  # how its small loops were generated (serial_small_loops)
     }
     return options | native_options(native)
 

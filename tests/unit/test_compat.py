@@ -132,8 +132,8 @@ def test_each_graphs_compiled_files_are_kept_with_its_own_metadata(tmp_path):
 def test_loops_of_small_static_size_compile_without_a_parallel_region(monkeypatch):
     """exporter.compat.serial_small_loops: while compiling, a loop nest of static size up to SERIAL_UP_TO
     elements gets parallel depth 0 (serial code), whatever Inductor chose; a larger one, or one whose size
-    depends on a dynamic dimension (the span, the batch), keeps Inductor's choice; afterwards Inductor's
-    own method is back."""
+    depends on a dynamic dimension (the span, the batch), or any compiled by a process of one thread, keeps
+    Inductor's choice; afterwards Inductor's own method is back."""
     import sympy
     from torch._inductor.codegen import cpp
 
@@ -149,4 +149,6 @@ def test_loops_of_small_static_size_compile_without_a_parallel_region(monkeypatc
         for extents, depth in nests.items():
             chosen = cpp.CppKernel.decide_parallel_depth(SimpleNamespace(call_ranges=list(extents)), None, 2)
             assert (chosen.parallel_depth, chosen.start_depth) == (depth, 2), extents
+            one = cpp.CppKernel.decide_parallel_depth(SimpleNamespace(call_ranges=list(extents)), None, 1)
+            assert one.parallel_depth == 1  # compiled with one thread: Inductor's choice (tests/slow/test_codegen.py)
     assert cpp.CppKernel.decide_parallel_depth is inductors
