@@ -141,7 +141,7 @@ class RequestState:
             self.survivors[0] if self.pooled is None else self.rescalers
         )
         k = self.survivors[1] if self.survivors else 0
-        self.raw_top_k: int | None = (2 * k + 1 if self.pooled else k) if ranks_raw else None
+        self.raw_top_k: int | None = (2 * k + 1 if self.pooled is not None else k) if ranks_raw else None
         # a greedy request whose last processor is a grammar and whose processed scores no one keeps:
         # its argmax is checked against the grammar before the grammar masks anything (_checked_greedy)
         greedy_grammar = not request.config.do_sample and not request.keeps_scores and request.processors
