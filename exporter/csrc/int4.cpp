@@ -32,15 +32,15 @@ struct Int4 {
   static constexpr int WIDE = MR;  // its three sums a row and tile spill at WIDE_MR rows a pass
 
   // Block b of rows m .. m + R against the T tiles whose block starts at wb, `span` bytes apart: dots[t * R
-  // + r], each row's 16 exact sums of tile t. With `fetch`, the next T tiles' same block is prefetched, a
+  // + r], each row's 16 exact sums of tile t. With `Fetch`, the next T tiles' same block is prefetched, a
   // line a step (int8.cpp says why).
-  template <int R, int T>
-  static void block_dots(const Activations& a, const uint8_t* wb, int64_t span, bool fetch, int64_t m, int64_t b,
+  template <int R, int T, bool Fetch>
+  static void block_dots(const Activations& a, const uint8_t* wb, int64_t span, int64_t m, int64_t b,
                          IntLanes* dots) {
     for (int i = 0; i < T * R; i++) dots[i] = int_lanes(0);
     for (int p = 0; p < BLOCK_BYTES / GROUP; p++) {
       for (int t = 0; t < T; t++) {
-        if (fetch) prefetch(wb + (T + t) * span + p * TILE * GROUP);
+        if constexpr (Fetch) prefetch(wb + (T + t) * span + p * TILE * GROUP);
         ByteLanes low, high;
         nibbles(wb + t * span + p * TILE * GROUP, &low, &high);
         for (int r = 0; r < R; r++) {
@@ -52,7 +52,7 @@ struct Int4 {
   }
 
   // Rows m .. m + R against the T tiles from row n0: out[t * R + r], each row's 16 lanes of tile t.
-  template <int R, int T> void pass(const Activations& a, int64_t n0, int64_t m, bool fetch, FloatLanes* out) const {
+  template <int R, int T, bool Fetch> void pass(const Activations& a, int64_t n0, int64_t m, FloatLanes* out) const {
     const int64_t span = TILE * K / 2;
     const uint8_t* tiles = codes + n0 * (K / 2);
     FloatLanes acc[T * R];
@@ -62,7 +62,7 @@ struct Int4 {
       for (int i = 0; i < T * R; i++) sums[i] = zero_lanes();
       for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
         IntLanes dots[T * R];
-        block_dots<R, T>(a, tiles + b * TILE * BLOCK_BYTES, span, fetch, m, b, dots);
+        block_dots<R, T, Fetch>(a, tiles + b * TILE * BLOCK_BYTES, span, m, b, dots);
         for (int i = 0; i < T * R; i++) sums[i] = fma_int(dots[i], a.d[(m + i % R) * a.nb + b], sums[i]);
       }
       for (int t = 0; t < T; t++) {

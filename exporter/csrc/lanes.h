@@ -44,8 +44,9 @@ inline void prefetch(const void* p) {
 // which makes its row NaN), and signed overflow would be undefined behaviour.
 inline int32_t minus_128_times(int32_t s) { return int32_t(0u - 128u * uint32_t(s)); }
 
-// The same into L2 only (prefetcht1): the AMX int8 pass's next tiles, a pass ahead. Into L1 they read
-// Gemma 3's int8 `lm_head` at 38 GB/s, into L2 at 42 (tile loads, 2 rows, Intel Xeon, 2 threads).
+// The same into L2 only (prefetcht1): the AMX int8 pass's next tiles, a pass ahead, and the 8-row int8 pass's
+// tiles four ahead (int8.cpp). Into L1 the AMX pass read Gemma 3's int8 `lm_head` at 38 GB/s, into L2 at 42
+// (tile loads, 2 rows, Intel Xeon, 2 threads).
 inline void prefetch_l2(const void* p) {
 #if defined(__x86_64__) || defined(__i386__)
   asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
@@ -251,22 +252,25 @@ constexpr int tiles_a_pass(int R, int chains) {
 #endif
 }
 
-// y[m .. m + R, tiles n0 .. n0 + count]: T tiles a pass (the scheme's pass<R, T>), the rest fewer at a time.
-// `fetch`: passes prefetch the tiles that follow theirs. Not inlined: a function per (R, T) keeps GCC's
-// register allocation to one pass's loops (inlined into the thread's loop, the AVX2 paths spilled their
-// sums to the stack and ran up to 0.8x the one-tile kernels at 2 to 8 rows).
-template <int D, int R, int T, class S>
+// y[m .. m + R, tiles n0 .. n0 + count]: T tiles a pass (the scheme's pass<R, T, Fetch>), the rest fewer at a
+// time. `Fetch`: passes prefetch the tiles that follow theirs. Not inlined: a function per (R, T, Fetch) keeps
+// GCC's register allocation to one pass's loops (inlined into the thread's loop, the AVX2 paths spilled their
+// sums to the stack and ran up to 0.8x the one-tile kernels at 2 to 8 rows). Fetch is a template argument for
+// the same reason: one function holding both a prefetching and a plain copy of a pass's loops kept the 8-row
+// int8 pass's float sums on the stack, stored every block (AMD EPYC Zen 4, Gemma 3 270M int8, 8 rows: the
+// `lm_head` 5.6 -> 5.0 ms, the layers' calls 4 % faster; one row unchanged).
+template <int D, int R, int T, bool Fetch, class S>
 __attribute__((noinline)) void row_group(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m,
-                                         int64_t N, void* y, bool fetch) {
+                                         int64_t N, void* y) {
   FloatLanes out[R * T];
   int64_t t = 0;
   for (; t + T <= count; t += T) {
-    s.template pass<R, T>(a, n0 + t * TILE, m, fetch, out);
+    s.template pass<R, T, Fetch>(a, n0 + t * TILE, m, out);
     for (int j = 0; j < T; j++)
       for (int r = 0; r < R; r++) store_lanes<D>(out[j * R + r], y, (m + r) * N + n0 + (t + j) * TILE);
   }
   if constexpr (T > 1) {
-    if (t < count) row_group<D, R, T / 2>(s, a, n0 + t * TILE, count - t, m, N, y, fetch);
+    if (t < count) row_group<D, R, T / 2, Fetch>(s, a, n0 + t * TILE, count - t, m, N, y);
   }
 }
 
@@ -289,7 +293,10 @@ template <int D, int R, bool One, class S>
 void rows(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m, int64_t m1, int64_t N, void* y,
           bool fetch) {
   constexpr int T = One ? 1 : tiles_a_pass(R, S::CHAINS);
-  for (; m + R <= m1; m += R, fetch = false) row_group<D, R, T>(s, a, n0, count, m, N, y, fetch);
+  for (; m + R <= m1; m += R, fetch = false) {
+    if (fetch) row_group<D, R, T, true>(s, a, n0, count, m, N, y);
+    else row_group<D, R, T, false>(s, a, n0, count, m, N, y);
+  }
   if constexpr (R > 1) {
     if (m < m1) rows<D, R / 2, One>(s, a, n0, count, m, m1, N, y, fetch);
   }
@@ -300,8 +307,8 @@ void rows(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m
 // at a time (tiles_a_pass), which meet the activation rows in chunks of 64, which stay in L2 while the
 // weights stream past, and a chunk's rows a few at a time (the scheme's MR), which share each weight vector
 // loaded (S::WIDE of them a pass in calls of up to WIDE_ROWS). `S` (int8.cpp, int4.cpp) provides
-// pass<R, T>(a, n0, m, fetch, out): R activation rows' lanes against the T tiles from row n0 into
-// out[t * R + r] (`fetch`: prefetch the next T tiles), and lone<D>(a, n, m, N, y): y[m, n] for a row past
+// pass<R, T, Fetch>(a, n0, m, out): R activation rows' lanes against the T tiles from row n0 into
+// out[t * R + r] (`Fetch`: prefetch the tiles that follow), and lone<D>(a, n, m, N, y): y[m, n] for a row past
 // the last whole tile.
 // Calls of at most this many activation rows go S::WIDE rows a pass (WIDE_MR), more go MR a pass.
 constexpr int64_t WIDE_ROWS = 16;
