@@ -163,11 +163,26 @@ inline const float* cached_row(const Strided& t, int64_t b, int64_t h, int64_t s
   return buffer;
 }
 
+// Rows [s, s + n) of head (b, h) of a cache view, each of their lines fetched into L2 ahead of the pass that reads
+// them: a task's keys and values stream from memory in runs of a few KB, which the hardware prefetcher alone
+// read at 15-16 GB/s where the weights stream at 30-55 (Gemma 3's shapes, 2,000 keys, AMD EPYC Zen 4, 2
+// threads: 8 rows' attention 2.14 -> 1.80 ms, one row's 275 -> 200 us; into L1, in bursts, no faster).
+// Contiguous rows only (a row of any other view is a scatter of values, not lines).
+inline void fetch_rows(const Strided& t, int64_t b, int64_t h, int64_t s, int64_t n, int64_t D) {
+  if (t.sd != 1) return;
+  const int64_t size = t.kind == F32 ? 4 : 2;
+  for (int64_t i = 0; i < n; i++) {
+    const char* row = static_cast<const char*>(t.data) + (b * t.sb + h * t.sh + (s + i) * t.ss) * size;
+    for (int64_t at = 0; at < D * size; at += 64) prefetch_l2(row + at);
+  }
+}
+
 struct Shape {
   int64_t B, KV, R, T, S, D;
 };
 
 constexpr int64_t KEYS = 4;  // keys a query row's vector load feeds (4 independent FMA chains)
+constexpr int64_t KEYS_AHEAD = 32;  // how far ahead of the keys' pass their rows are fetched (fetch_rows)
 constexpr int64_t TILE_KEYS = 32;  // values a tile holds: fp32 rows of Gemma's D = 256, 32 KB, stay in L1 across rows
 constexpr int64_t BLOCK_VECS = 4;  // vectors of one output row a value tile is added into, in registers
 
@@ -227,6 +242,7 @@ void attend_range(const float* q, const Strided& k, const Strided& v, const Stri
   for (int64_t s = 0; s < len; s += KEYS) {
     const int64_t c = std::min(KEYS, len - s);
     cached_rows(k, b, h, s0 + s, c, D, converted, rows);
+    if (s + KEYS_AHEAD < len) fetch_rows(k, b, h, s0 + s + KEYS_AHEAD, std::min(c, len - s - KEYS_AHEAD), D);
     for (int64_t r = 0; r < R; r++) {
       dots(q + r * D, rows, c, D, scale, got);
       const uint8_t* seen = allowed + (r % n.T) * mask.sh + (s0 + s) * mask.ss;
@@ -245,6 +261,7 @@ void attend_range(const float* q, const Strided& k, const Strided& v, const Stri
   for (int64_t s = 0; s < len; s += TILE_KEYS) {
     const int64_t c = std::min(TILE_KEYS, len - s);
     cached_rows(v, b, h, s0 + s, c, D, converted, rows);
+    if (s + TILE_KEYS < len) fetch_rows(v, b, h, s0 + s + TILE_KEYS, std::min(TILE_KEYS, len - s - TILE_KEYS), D);
     for (int64_t r = 0; r < R; r++) weighted(scores.data() + r * len + s, rows, c, D, o + r * D);
   }
 }

@@ -44,17 +44,6 @@ inline void prefetch(const void* p) {
 // which makes its row NaN), and signed overflow would be undefined behaviour.
 inline int32_t minus_128_times(int32_t s) { return int32_t(0u - 128u * uint32_t(s)); }
 
-// The same into L2 only (prefetcht1): the AMX int8 pass's next tiles, a pass ahead, and the 8-row int8 pass's
-// tiles four ahead (int8.cpp). Into L1 the AMX pass read Gemma 3's int8 `lm_head` at 38 GB/s, into L2 at 42
-// (tile loads, 2 rows, Intel Xeon, 2 threads).
-inline void prefetch_l2(const void* p) {
-#if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
-#else
-  __builtin_prefetch(p, 0, 2);
-#endif
-}
-
 // An activation row's 4 signed bytes of group g of block b: what every lane multiplies its 4 bytes with.
 inline int32_t x4(const Activations& a, int64_t m, int64_t b, int64_t g) {
   int32_t v;
