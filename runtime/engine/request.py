@@ -281,8 +281,11 @@ class RequestState:
         reasons = [reason for reason in _PRIORITY if reason in hits]
         if not reasons:
             return
-        # one read of every reason's rows (n, b): a few torch calls a criterion were ~50 us a request a step
-        for reason, rows in zip(reasons, torch.stack([hits[r] for r in reasons]).bool().tolist(), strict=True):
+        # one read of every reason's rows (n, b): a few torch calls a criterion were ~50 us a request a step.
+        # A criterion may answer with one bool for every row, as HF's StoppingCriteriaList takes it.
+        b, device = self.request.batch, self.unfinished.device
+        read = torch.stack([torch.as_tensor(hits[r], dtype=torch.bool, device=device).expand(b) for r in reasons])
+        for reason, rows in zip(reasons, read.tolist(), strict=True):
             self._end_rows(reason, [row for row, hit in enumerate(rows) if hit and self.finish_reasons[row] is None])
 
     def _end_rows(self, reason: FinishReason, rows: list[int] | None = None) -> None:

@@ -81,6 +81,20 @@ def test_a_callers_stopping_criterion(rt):
     assert tokens.shape[1] == 3 and reasons == (FinishReason.CRITERION,)
 
 
+def test_a_callers_criterion_may_answer_one_bool_for_every_row(rt):
+    """HF's StoppingCriteriaList ors a criterion's answer into a (batch,) tensor, so a plain bool works there."""
+
+    class AfterTwo(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids.shape[1] >= PROMPT.shape[1] + 2
+
+    two = torch.cat([PROMPT, PROMPT])
+    tokens, reasons = _reasons(rt, two, max_new_tokens=12, stopping_criteria=[AfterTwo()])
+    assert tokens.shape[1] == 2 and reasons == (FinishReason.CRITERION, FinishReason.CRITERION)
+    expected = rt.model.generate(two, max_new_tokens=12, do_sample=False, stopping_criteria=[AfterTwo()])
+    assert torch.equal(tokens, expected[:, PROMPT.shape[1] :])
+
+
 def test_each_row_of_a_batch_has_its_own_reason(rt):
     """Row 0 meets the eos early and is padded after it, as HF pads; row 1 runs to the length."""
     free = _free(rt)
