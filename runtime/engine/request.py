@@ -119,14 +119,12 @@ class RequestState:
         self.submitted = time.monotonic()
         self.times: list[float] = []  # time.monotonic() of each step's tokens, as the engine produced them
         self.history = request.input_ids  # (b, S + steps): what the processors see, as in generate
-        # (b,) bool: rows still running; finish_reasons[row] is None exactly where it is True
-        self.unfinished = torch.ones(request.batch, dtype=torch.bool, device=request.input_ids.device)
         self.criteria = [(c, reason_of(c)) for c in request.stopping]
         # HF pads finished rows only when an eos criterion can finish one early
         self.pads = any(hasattr(c, "eos_token_id") for c in request.stopping)
         self.scores: list[torch.Tensor] = []  # processed scores (b, vocab) per step, when the request keeps them
         self.steps = 0
-        self.finish_reasons: list[FinishReason | None] = [None] * request.batch
+        self.finish_reasons: list[FinishReason | None] = [None] * request.batch  # None while the row runs
         self.error: BaseException | None = None
         self.stream: queue.SimpleQueue = queue.SimpleQueue()  # (tokens (b,), logits or None) per step, then _END
         self.wake: Callable[[], None] | None = None  # called after each put on `stream` (an asyncio reader's)
@@ -212,7 +210,8 @@ class RequestState:
             else:
                 token = argmax if argmax is not None else next_token(scores, r.config.do_sample, r.generator)
         if self.pads and not self.all_running:  # (b,): a finished row's token is the pad id
-            token = torch.where(self.unfinished, token, torch.full_like(token, r.pad_id))
+            running = torch.tensor([why is None for why in self.finish_reasons], device=token.device)  # (b,)
+            token = torch.where(running, token, torch.full_like(token, r.pad_id))
         self.history = torch.cat([self.history, token[:, None]], dim=-1)
         if r.keeps_scores:
             self.scores.append(scores)
@@ -283,7 +282,7 @@ class RequestState:
             return
         # one read of every reason's rows (n, b): a few torch calls a criterion were ~50 us a request a step.
         # A criterion may answer with one bool for every row, as HF's StoppingCriteriaList takes it.
-        b, device = self.request.batch, self.unfinished.device
+        b, device = self.request.batch, self.request.input_ids.device
         read = torch.stack([torch.as_tensor(hits[r], dtype=torch.bool, device=device).expand(b) for r in reasons])
         for reason, rows in zip(reasons, read.tolist(), strict=True):
             self._end_rows(reason, [row for row, hit in enumerate(rows) if hit and self.finish_reasons[row] is None])
@@ -293,8 +292,6 @@ class RequestState:
         rows = [row for row, why in enumerate(self.finish_reasons) if why is None] if rows is None else rows
         for row in rows:
             self.finish_reasons[row] = reason
-        if rows:
-            self.unfinished[rows] = False
 
     @property
     def all_running(self) -> bool:
