@@ -114,6 +114,7 @@ def native_options(native: NativeKernels | None) -> dict:
     shims = {s.op: [s.c_shim] for s in SCHEMES.values() if s.c_shim} | {
         dense.OP: [dense.SHIM],
         dense.TILES_OP: [dense.TILES_SHIM],
+        dense.DPBF16_OP: [dense.DPBF16_SHIM],
         attention.OP: [attention.SHIM],
     }
     return {"aot_inductor.custom_ops_to_c_shims": shims, "aot_inductor.custom_op_libs": [f":{native.soname}"]}

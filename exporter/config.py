@@ -12,7 +12,7 @@ from pathlib import Path
 
 from exporter import generation
 from exporter.names import ATTENTION_KERNELS, GEMV_POLICIES
-from runtime.cpu import KERNEL_ISA_FLAGS, cpu_flags
+from runtime.cpu import DPBF16_FLAG, KERNEL_ISA_FLAGS, cpu_flags
 from runtime.errors import ExportError
 from runtime.format.files import MANIFEST
 from runtime.format.manifest import (
@@ -105,13 +105,15 @@ class ExportConfig:
             )
         if self.gemv not in GEMV_POLICIES:
             raise ExportError(f"--gemv {self.gemv!r} is not supported; choose one of {GEMV_POLICIES}")
-        if self.gemv in ("dense", "tiles") and (self.device != "cpu" or self.quantize):
+        if self.gemv in ("dense", "tiles", "dpbf16") and (self.device != "cpu" or self.quantize):
             raise ExportError(
                 f"--gemv {self.gemv} runs aotpack's CPU GEMM over float weights; use --gemv tune (or aten) for "
                 f"--device {self.device}{' or --quantize' if self.quantize else ''}"
             )
         if self.gemv == "tiles":
             self._check_tiles()
+        if self.gemv == "dpbf16":
+            self._check_dpbf16()
         object.__setattr__(self, "out", Path(self.out))
         self._check_out()
         if self.sign_key is not None and not Path(self.sign_key).is_file():
@@ -128,6 +130,19 @@ class ExportConfig:
         if missing:
             raise ExportError(
                 f"--gemv tiles needs AMX's bf16 tiles, and this CPU lacks {sorted(missing)}; use --gemv tune or dense"
+            )
+
+    def _check_dpbf16(self) -> None:
+        """--gemv dpbf16: a bf16 bundle, on a CPU with AVX512-BF16."""
+        if self.dtype != "bfloat16":
+            raise ExportError(f"--gemv dpbf16 multiplies bf16 with vdpbf16ps; add --dtype bfloat16 (got {self.dtype})")
+        if self.cpu_isa != "native":
+            raise ExportError(
+                f"--gemv dpbf16 needs kernels built for this CPU's AVX512-BF16; drop --cpu-isa {self.cpu_isa}"
+            )
+        if DPBF16_FLAG not in (cpu_flags() or set()):
+            raise ExportError(
+                f"--gemv dpbf16 needs AVX512-BF16, and this CPU lacks {DPBF16_FLAG!r}; use --gemv tune or dense"
             )
 
     def _check_out(self) -> None:

@@ -43,6 +43,7 @@ from runtime.format.files import DECODE, DECODE_ONNX, KERNELS, MANIFEST, sha256
 from runtime.format.manifest import (
     AOTPACK_VERSION,
     DENSE,
+    DPBF16,
     FORMAT_VERSION,
     KERNEL_LOWERINGS,
     TILES,
@@ -232,12 +233,17 @@ def _calls_kernels(lowerings, kernel) -> bool:
 
 
 def _own(config: ExportConfig, native) -> frozenset[str]:
-    """aotpack's GEMMs a float weight may take: `dense` wherever the export has its kernels, `tiles` too
-    in a bf16 bundle whose kernels have the AMX path, granted in this process."""
+    """aotpack's GEMMs a float weight may take: `dense` wherever the export has its kernels; in a bf16
+    bundle `tiles` too where they have the AMX path, granted in this process, and `dpbf16` where they have
+    AVX512-BF16."""
     if native is None:
         return frozenset()
-    tiles = config.dtype == "bfloat16" and native.library.tiles
-    return frozenset({DENSE, TILES} if tiles else {DENSE})
+    bf16 = config.dtype == "bfloat16"
+    return frozenset(
+        {DENSE}
+        | ({TILES} if bf16 and native.library.tiles else set())
+        | ({DPBF16} if bf16 and native.library.dpbf16 else set())
+    )
 
 
 def _attention(model, config: ExportConfig, attention: str, options: dict, progress: Progress, native: bool):
@@ -275,7 +281,7 @@ def _float_kernels(config: ExportConfig, progress: Progress):
     dequantizing kernels) whose graphs may choose the `dense` GEMM or the native decode attention, else
     None."""
     attention = config.decode_attention in ("auto", decode_attention.NATIVE)
-    if config.device != "cpu" or (config.gemv not in ("tune", DENSE, TILES) and not attention):
+    if config.device != "cpu" or (config.gemv not in ("tune", DENSE, TILES, DPBF16) and not attention):
         return None
     with progress.stage("kernels", "building aotpack's kernels (dense GEMM and decode attention candidates)"):
         built = kernels.build(config.cpu_isa, log=progress.log)
@@ -284,6 +290,11 @@ def _float_kernels(config: ExportConfig, progress: Progress):
             f"--gemv tiles multiplies on AMX tiles, which aotpack's kernels cannot use here (built for "
             f"{built.library.isa!r}; AMX needs a CPU with amx_tile and amx_bf16 and Linux 5.16 or later); "
             "use --gemv tune or dense"
+        )
+    if config.gemv == DPBF16 and not built.library.dpbf16:
+        raise ExportError(
+            f"--gemv dpbf16 multiplies with AVX512-BF16's vdpbf16ps, which aotpack's kernels cannot use here (built "
+            f"for {built.library.isa!r}; it needs a CPU with avx512_bf16); use --gemv tune or dense"
         )
     return built
 

@@ -8,7 +8,8 @@ graphs record that name as a dependency, and the runtime loads the bundle's copy
 (runtime.quant.native). The instruction path follows from the target: 512-bit VNNI `dpbusd` where it has
 AVX512-VNNI, 256-bit where it has AVX-VNNI, else AVX2's `maddubs`, else plain C++; every path computes
 the same bits (exporter/csrc/lanes.h); a CPU with AMX also gets its tiles (bf16's `tiles` lowering,
-and int8 calls of 5 to 32 rows, with the same bits as the VNNI path).
+and int8 calls of 5 to 32 rows, with the same bits as the VNNI path), and a 512-bit build for a CPU with
+AVX512-BF16 its `vdpbf16ps` (bf16's `dpbf16` lowering).
 
 Builds are kept in a cache by build id (`aotpack cache` lists and clears it), so exporting a second
 bundle does not compile them again.

@@ -36,7 +36,7 @@ import torch
 
 from exporter.timing import Interleaved, interleaved_seconds
 from runtime.compat import float_environment_kept
-from runtime.format.manifest import DENSE, KERNEL_LOWERINGS, TILES, Lowering
+from runtime.format.manifest import DENSE, DPBF16, KERNEL_LOWERINGS, TILES, Lowering
 from runtime.format.quant import QuantSpec
 from runtime.quant import SCHEMES
 from runtime.quant import dense as dense_op
@@ -74,11 +74,16 @@ def tiles_linear(x, w, b=None):
     return y + b if b is not None else y
 
 
+def dpbf16_linear(x, w, b=None):
+    # aotpack's GEMM with AVX512-BF16's vdpbf16ps (bf16 only), row-major rows as dense_linear
+    y = dense_op.DPBF16_OP(x.contiguous(), w)
+    return y + b if b is not None else y
+
+
 # Per op: its candidates by name. A float weight's are here; a quantized scheme's are its own module's,
 # and the integer family's op is its own one candidate.
-CANDIDATES = {LINEAR: {"aten": aten_linear, "reduce": reduce_linear, DENSE: dense_linear, TILES: tiles_linear}} | {
-    scheme.name: scheme.candidates or {DOT: scheme.op} for scheme in SCHEMES.values()
-}
+_FLOAT = {"aten": aten_linear, "reduce": reduce_linear, DENSE: dense_linear, TILES: tiles_linear, DPBF16: dpbf16_linear}
+CANDIDATES = {LINEAR: _FLOAT} | {scheme.name: scheme.candidates or {DOT: scheme.op} for scheme in SCHEMES.values()}
 
 
 @dataclass(frozen=True)
@@ -273,7 +278,7 @@ def _runnable(fn, inductor_options: dict):
     """A candidate as the graph will run it: an Inductor lowering compiled with the graph's options, or
     aotpack's own kernels (the integer family's op, the dense GEMMs), the very kernels the graph calls
     (eagerly their call costs a few microseconds more, spread thin over the timed bytes)."""
-    if fn in _QUANTIZED or fn in (dense_linear, tiles_linear):
+    if fn in _QUANTIZED or fn in (dense_linear, tiles_linear, dpbf16_linear):
         return fn
     return torch.compile(fn, dynamic=False, fullgraph=True, options=inductor_options)
 

@@ -27,6 +27,6 @@ def near_miss(model: str) -> str:
 
 
 # --gemv: time each weight shape's kernels at export, or take one untimed (exporter.lowering)
-GEMV_POLICIES = ("tune", "aten", "reduce", "dense", "tiles")
+GEMV_POLICIES = ("tune", "aten", "reduce", "dense", "tiles", "dpbf16")
 # --decode-attention: time the decode step's attention kernels at export, or take one (exporter.attention)
 ATTENTION_KERNELS = ("auto", "sdpa", "flash", "flash-fp32", "grouped", "native")

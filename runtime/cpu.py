@@ -3,12 +3,13 @@
 Owns: the CPU's feature flags and the refusal of a bundle compiled for instructions this CPU lacks (its
 decode `.so`, or its integer kernels). A mismatched AOTInductor `.so` only warns, and a missing
 instruction kills the process with SIGILL.
-Reading the flags costs microseconds; Inductor's own probe compiles test programs and imports
+Reading the flags costs about 70 us, once a process; Inductor's own probe compiles test programs and imports
 torch._dynamo, about 6 s of start-up. Torch-free.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from runtime.errors import IncompatibleBundleError
@@ -25,14 +26,16 @@ ISA_FLAGS = {
 }
 
 
-def cpu_flags() -> set[str] | None:
-    """This CPU's feature flags, or None where /proc/cpuinfo does not exist."""
+@functools.cache
+def cpu_flags() -> frozenset[str] | None:
+    """This CPU's feature flags, or None where /proc/cpuinfo does not exist. Read once a process: a read
+    costs about 70 us, and the `dpbf16` kernel's eager call asks each time."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
     lines = (line.split(":", 1) for line in text.splitlines() if line.startswith(("flags", "Features")))
-    return {flag for _, value in lines for flag in value.split()}
+    return frozenset(flag for _, value in lines for flag in value.split())
 
 
 def check_cpu_isa(required: str | None) -> None:
@@ -59,6 +62,9 @@ KERNEL_ISA_FLAGS = {
     "avx-vnni": {"avx2", "fma", "f16c", "bmi2", "avx_vnni"},
     "avx512-vnni": {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
 }
+# The bf16 `dpbf16` lowering's `vdpbf16ps` (exporter/csrc/dense.cpp): not a path of its own but an
+# instruction a 512-bit build compiled with it has, checked before a bundle whose graphs call it loads.
+DPBF16_FLAG = "avx512_bf16"
 # and the AMX tiles: the float kernel's bf16 ones (exporter/csrc/dense.cpp) and int8's (int8.cpp)
 KERNEL_ISA_FLAGS["amx"] = KERNEL_ISA_FLAGS["avx512-vnni"] | {"amx_tile", "amx_bf16", "amx_int8"}
 

@@ -47,12 +47,16 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # attention), carried in `native` like the `dense` GEMM; a format-6 to -12 manifest still reads (none chose it).
 # 14: a float lowering may be `tiles` (bf16 on AMX tiles, runtime.quant.dense), carried in `native` like
 # `dense`, whose instruction path is then "amx"; a format-6 to -13 manifest still reads (none chose it).
-FORMAT_VERSION = 14
-SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11, 12, 13, 14})
+# 15: a float lowering may be `dpbf16` (bf16 with AVX512-BF16's vdpbf16ps, runtime.quant.dense), carried in
+# `native` like `dense`, built for a 512-bit path; a format-6 to -14 manifest still reads (none chose it).
+FORMAT_VERSION = 15
+SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
 DENSE = "dense"  # the float lowering that calls aotpack's kernels
 TILES = "tiles"  # the same on AMX tiles (bf16 weights and activations)
-KERNEL_LOWERINGS = frozenset({DENSE, TILES})  # the lowerings that call aotpack's kernels
+DPBF16 = "dpbf16"  # the same with AVX512-BF16's vdpbf16ps (bf16 weights and activations)
+KERNEL_LOWERINGS = frozenset({DENSE, TILES, DPBF16})  # the lowerings that call aotpack's kernels
 AMX_ISA = "amx"  # the kernels' instruction path that has the tiles
+DPBF16_ISAS = frozenset({"avx512-vnni", AMX_ISA})  # the 512-bit paths, which a build with AVX512-BF16 reports
 NATIVE_ATTENTION = "native"  # the decode attention that calls them
 RECIPES = ("uniform", "sensitive", "mixed")
 MAX_DRAFT_TOKENS = 16  # drafts a verify graph may take per row
@@ -610,8 +614,9 @@ def chosen_lowerings(m: Manifest) -> set[str]:
 
 
 def _check_native(m: Manifest) -> None:
-    """The integer family, the `dense` and `tiles` lowerings and the native decode attention need aotpack's
-    kernels, listed as a bundle file; nothing else carries them. `tiles` needs them built with AMX."""
+    """The integer family, the `dense`, `tiles` and `dpbf16` lowerings and the native decode attention need
+    aotpack's kernels, listed as a bundle file; nothing else carries them. `tiles` needs them built with AMX,
+    `dpbf16` with a 512-bit path, both in a bf16 bundle."""
     integer = integer_kernels(m.quantization)
     dense = bool(chosen_lowerings(m) & KERNEL_LOWERINGS)
     attention = m.decode_attention is not None and m.decode_attention.chosen == NATIVE_ATTENTION
@@ -626,6 +631,11 @@ def _check_native(m: Manifest) -> None:
         raise ManifestError(
             f"manifest lowering {TILES!r} runs bf16 on AMX tiles, but the bundle is {m.dtype} with kernels for "
             f"{m.native.isa!r}; re-export it"
+        )
+    if DPBF16 in chosen_lowerings(m) and (m.native.isa not in DPBF16_ISAS or m.dtype != "bfloat16"):
+        raise ManifestError(
+            f"manifest lowering {DPBF16!r} runs bf16 with AVX512-BF16, but the bundle is {m.dtype} with kernels "
+            f"for {m.native.isa!r}; re-export it"
         )
 
 

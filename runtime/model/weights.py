@@ -21,7 +21,7 @@ from torch import nn
 from runtime import compat
 from runtime.errors import BundleError
 from runtime.format.files import WEIGHTS
-from runtime.format.manifest import TILES, Manifest, Quantization, chosen_lowerings
+from runtime.format.manifest import DPBF16, TILES, Manifest, Quantization, chosen_lowerings
 from runtime.quant import PackedWeight, QuantizedEmbedding, QuantizedLinear, native
 
 
@@ -40,7 +40,8 @@ def build_model(bundle: Path, manifest: Manifest) -> nn.Module:
     dtype = getattr(torch, manifest.dtype)
     model = compat.empty_model(model_class(manifest.model_class), config, dtype, manifest.attn_implementation)
     if manifest.native is not None:  # the integer kernels: the eager op and the decode graphs call them
-        native.load(bundle / manifest.native.file, manifest.native.isa, tiles=TILES in chosen_lowerings(manifest))
+        chosen = chosen_lowerings(manifest)
+        native.load(bundle / manifest.native.file, manifest.native.isa, tiles=TILES in chosen, dpbf16=DPBF16 in chosen)
     if manifest.quantization is not None:
         install_quantized(model, manifest.quantization, dtype)
     load_weights(model, load_file(str(bundle / WEIGHTS)), manifest.weight_aliases)

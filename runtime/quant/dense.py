@@ -1,5 +1,5 @@
-"""Float weights through aotpack's own small-batch GEMMs: the `dense` and `tiles` lowerings of a decode
-graph's linears.
+"""Float weights through aotpack's own small-batch GEMMs: the `dense`, `tiles` and `dpbf16` lowerings of a
+decode graph's linears.
 
 Owns the op `aotpack::dense_linear(x, w)` (x (..., K) @ w (N, K).T, fp32 sums, output in x's dtype) and
 the C shim the compiled decode calls for it (`aoti_torch_cpu_dense_linear`, in the bundle's kernels.so,
@@ -13,6 +13,11 @@ registers at 8 rows and ATen's mm ran a GEMV per row.
 (C shim `aoti_torch_cpu_tiles_linear`): the weight as stored again, up to 16 activation rows a tile
 instruction, so a graph of 8 rows costs about what one costs. Only a kernels.so built for the `amx`
 path has it, and only in a process Linux grants the tiles to (runtime.quant.native.Library.tiles).
+
+`aotpack::dpbf16_linear(x, w)` is that product with AVX512-BF16's `vdpbf16ps` (C shim
+`aoti_torch_cpu_dpbf16_linear`): 32 bf16 products an instruction from the weight as stored, where the
+dense GEMM converts each weight to fp32 for 8 (16 with two rows a vector). For CPUs with AVX512-BF16 and
+no AMX (AMD Zen 4 and 5); a kernels.so built with it has it (runtime.quant.native.Library.dpbf16).
 
 The eager ops exist for the export's timing and tests; the runtime's prefill never calls them.
 """
@@ -44,3 +49,4 @@ def _float_op(name: str, kernel: str):
 
 OP, SHIM = _float_op("dense_linear", "linear_dense"), _shim("dense_linear")
 TILES_OP, TILES_SHIM = _float_op("tiles_linear", "linear_tiles"), _shim("tiles_linear")
+DPBF16_OP, DPBF16_SHIM = _float_op("dpbf16_linear", "linear_dpbf16"), _shim("dpbf16_linear")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.cpu import check_kernels_isa
+from runtime.cpu import DPBF16_FLAG, check_kernels_isa, cpu_flags
 from runtime.errors import BundleError, IncompatibleBundleError
 
 ABI = 1  # exporter/csrc/quant_common.h's ABI: the signatures below
@@ -39,6 +39,8 @@ _ADDED = {
     "aotpack_linear_dense": ([_P, _I32, _I, _I, _P, _I32, _I, _P], _I32),
     "aotpack_linear_tiles": ([_P, _I32, _I, _I, _P, _I32, _I, _P], _I32),
     "aotpack_tiles_ready": ([], _I32),
+    "aotpack_linear_dpbf16": ([_P, _I32, _I, _I, _P, _I32, _I, _P], _I32),
+    "aotpack_dpbf16_ready": ([], _I32),
     "aotpack_int8_tiles": ([_I, _I], _I32),
     "aotpack_decode_attention": (
         [_P, _I32, _P, _P, _P, _I32, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_float, _P],
@@ -76,6 +78,13 @@ class Library:
         process the tiles' state (without it, a tile instruction kills the process)."""
         return hasattr(self._lib, "aotpack_tiles_ready") and bool(self._lib.aotpack_tiles_ready())
 
+    @property
+    def dpbf16(self) -> bool:
+        """Whether the `dpbf16` lowering runs here: the library has the AVX512-BF16 path and this CPU the
+        instruction (a library built for another CPU's AVX-512 passes the ISA check without it)."""
+        ready = hasattr(self._lib, "aotpack_dpbf16_ready") and bool(self._lib.aotpack_dpbf16_ready())
+        return ready and DPBF16_FLAG in (cpu_flags() or set())
+
     def int8_tiles(self, rows: int, outputs: int) -> bool:
         """Whether an int8 call of `rows` activation rows into `outputs` runs on AMX tiles here (the same
         bits as the library's vector path, which runs it otherwise)."""
@@ -88,15 +97,21 @@ class Library:
 _loaded: list[Library] = []
 
 
-def load(path: Path, isa: str, tiles: bool = False) -> Library:
+def load(path: Path, isa: str, tiles: bool = False, dpbf16: bool = False) -> Library:
     """Load a bundle's kernels.so (before the graphs that link against it); it serves the eager op if
-    none serves it yet. `tiles`: the bundle's graphs call the `tiles` lowering, which must run here."""
+    none serves it yet. `tiles`, `dpbf16`: the bundle's graphs call that lowering, which must run here."""
     library = Library(path, isa)
     if tiles and not library.tiles:
         raise IncompatibleBundleError(
             "the bundle's decode graphs multiply bf16 weights on AMX tiles, which this process may not use "
             "(Linux refused the tiles' state: a kernel before 5.16, or AMX switched off); re-export the "
             "bundle on this machine, which then chooses another kernel, or with --gemv dense"
+        )
+    if dpbf16 and not library.dpbf16:
+        raise IncompatibleBundleError(
+            f"the bundle's decode graphs multiply bf16 weights with AVX512-BF16's vdpbf16ps, and this CPU lacks "
+            f"{DPBF16_FLAG!r}; re-export the bundle on this machine, which then chooses another kernel, or with "
+            "--gemv dense"
         )
     return register(library)
 
@@ -191,6 +206,23 @@ def linear_tiles(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -
     if not lib.tiles:
         raise BundleError(f"aotpack's kernels here ({lib.isa}) cannot run the tiles kernel: it needs AMX, granted")
     return _float_product(lib.aotpack_linear_tiles, "tiles", x, x2, code, w)
+
+
+def linear_dpbf16(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -> torch.Tensor:
+    """x (..., K) @ w (N, K).T, both bf16, with AVX512-BF16's vdpbf16ps; output bf16."""
+    x2, code, m, k = _operands(x, (w,))
+    if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or w.dim() != 2 or w.shape[1] != k:
+        raise ValueError(
+            f"aotpack's dpbf16 kernel takes bf16 activations and a bf16 (N, {k}) weight, got {x.dtype} and "
+            f"{w.dtype} {tuple(w.shape)}"
+        )
+    lib = lib or library()
+    if not lib.dpbf16:
+        raise BundleError(
+            f"aotpack's kernels here ({lib.isa}) cannot run the dpbf16 kernel: it needs a build with AVX512-BF16, "
+            f"on a CPU with {DPBF16_FLAG!r}"
+        )
+    return _float_product(lib.aotpack_linear_dpbf16, "dpbf16", x, x2, code, w)
 
 
 def _float_product(function, what: str, x, x2, code: int, w) -> torch.Tensor:

@@ -74,7 +74,7 @@ lowerings = st.builds(
     st.sampled_from(["linear", "int8", "int4"]),
     st.integers(1, 4096),
     st.integers(1, 4096),
-    st.dictionaries(names | st.sampled_from(["dense", "tiles"]), st.floats(0, 100), max_size=3),
+    st.dictionaries(names | st.sampled_from(["dense", "tiles", "dpbf16"]), st.floats(0, 100), max_size=3),
     st.none() | st.text(max_size=20),
 )
 constants = st.builds(
@@ -122,9 +122,10 @@ def manifests(draw):
     ) + ((DecodeGraph(1, (), draw(parities), 1.0, chunk, True),) if chunk else ())
     native = None
     chosen = {lw.chosen for g in graphs for lw in g.lowerings}
-    dtype = "bfloat16" if "tiles" in chosen else dtype  # bf16 on AMX tiles: a bf16 bundle, kernels built for amx
-    if chosen & {"dense", "tiles"} or (quantization is not None and quantization.kernels == "integer"):
-        isa = "amx" if "tiles" in chosen else "avx2"
+    # bf16 on AMX tiles or AVX512-BF16: a bf16 bundle, kernels built for amx or another 512-bit path
+    dtype = "bfloat16" if chosen & {"tiles", "dpbf16"} else dtype
+    if chosen & {"dense", "tiles", "dpbf16"} or (quantization is not None and quantization.kernels == "integer"):
+        isa = "amx" if "tiles" in chosen else "avx512-vnni" if "dpbf16" in chosen else "avx2"
         native = NativeKernels("kernels.so", "libaotpack-kernels-0123456789abcdef.so", isa, 1, "g++ 12.2.0")
     return Manifest(
         format_version=FORMAT_VERSION,
@@ -512,7 +513,7 @@ def test_dense_lowerings_and_the_kernels_library_go_together(manifest):
     integer = raw["quantization"] is not None and raw["quantization"]["kernels"] == "integer"
     if not lowerings or integer:
         return
-    kernels = any(lw["chosen"] in ("dense", "tiles") for lw in lowerings)
+    kernels = any(lw["chosen"] in ("dense", "tiles", "dpbf16") for lw in lowerings)
     for lw in lowerings:
         lw["chosen"] = "aten" if kernels else "dense"
         lw["gb_per_s"], lw["spread"] = {}, {}  # untimed (--gemv aten or dense)
@@ -534,6 +535,24 @@ def test_a_tiles_lowering_needs_a_bf16_bundle_with_kernels_built_for_amx(manifes
     else:
         raw["native"]["isa"] = "avx512-vnni"
     with pytest.raises(ManifestError, match="lowering 'tiles' runs bf16 on AMX tiles"):
+        Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests(), st.sampled_from(["dtype", "isa"]))
+@settings(max_examples=30)
+def test_a_dpbf16_lowering_needs_a_bf16_bundle_with_kernels_built_for_a_512_bit_path(manifest, wrong):
+    """`dpbf16` multiplies bf16 with AVX512-BF16: a float16 bundle, or kernels built for AVX2 (no build of
+    which has the instruction), is refused."""
+    raw = json.loads(manifest.to_json())
+    chosen = {lw["chosen"] for graph in raw["graphs"] for lw in graph["lowerings"]}
+    if "dpbf16" not in chosen or "tiles" in chosen:  # a `tiles` beside it is refused first, for its own reason
+        return
+    assert Manifest.from_json(_with_digest(raw)).native.isa in ("avx512-vnni", "amx")
+    if wrong == "dtype":
+        raw["dtype"] = "float16"
+    else:
+        raw["native"]["isa"] = "avx2"
+    with pytest.raises(ManifestError, match="lowering 'dpbf16' runs bf16 with AVX512-BF16"):
         Manifest.from_json(_with_digest(raw))
 
 
@@ -590,4 +609,7 @@ def test_inspect_names_what_calls_the_kernels_library(manifest):
     chosen = {lw.chosen for g in manifest.graphs for lw in g.lowerings}
     assert (f"  dense: aotpack's GEMM (kernels.so, built for {isa}" in text) == ("dense" in chosen)
     assert (f"  tiles: aotpack's bf16 GEMM on AMX tiles (kernels.so, built for {isa}" in text) == ("tiles" in chosen)
+    assert (f"  dpbf16: aotpack's bf16 GEMM with AVX512-BF16 (kernels.so, built for {isa}" in text) == (
+        "dpbf16" in chosen
+    )
     assert f"attention    native (aotpack's {isa} kernel, kernels.so) (untimed)" in text

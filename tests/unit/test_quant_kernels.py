@@ -93,7 +93,7 @@ def test_float_decode_kernels_compute_linear():
     g = torch.Generator().manual_seed(3)
     x, w, b = torch.randn(2, 1, 48, generator=g), torch.randn(80, 48, generator=g), torch.randn(80, generator=g)
     for name, kernel in CANDIDATES[LINEAR].items():
-        if name != "tiles":  # bf16 only, on AMX: tests/unit/test_tiles_kernel.py
+        if name not in ("tiles", "dpbf16"):  # bf16 only: tests/unit/test_bf16_kernels.py
             torch.testing.assert_close(kernel(x, w, b), torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
 
 
@@ -108,6 +108,9 @@ def test_float_decode_kernels_compute_linear():
         ({"gemv": "tiles", "quantize": "int8"}, "--gemv tiles runs aotpack's CPU GEMM over float weights"),
         ({"gemv": "tiles"}, "--gemv tiles multiplies bf16 on AMX tiles; add --dtype bfloat16"),
         ({"gemv": "tiles", "dtype": "bfloat16", "cpu_isa": "avx2"}, "drop --cpu-isa avx2"),
+        ({"gemv": "dpbf16", "quantize": "int8"}, "--gemv dpbf16 runs aotpack's CPU GEMM over float weights"),
+        ({"gemv": "dpbf16"}, "--gemv dpbf16 multiplies bf16 with vdpbf16ps; add --dtype bfloat16"),
+        ({"gemv": "dpbf16", "dtype": "bfloat16", "cpu_isa": "avx2"}, "drop --cpu-isa avx2"),
         ({"quantize": "int8", "quant_kernels": "fast"}, "--quant-kernels 'fast'"),
         ({"quantize": "int4", "recipe": "q4_k_m"}, "--recipe 'q4_k_m'"),
         ({"quantize": "int4", "scale_search": "hqq"}, "--scale-search 'hqq'"),
@@ -119,6 +122,14 @@ def test_float_decode_kernels_compute_linear():
 def test_bad_quantization_options_are_refused_before_loading(options, message, tmp_path):
     with pytest.raises(ExportError, match=message.replace("(", r"\(")):
         ExportConfig(model="tiny-llama", out=tmp_path / "b", **options)
+
+
+def test_dpbf16_on_a_cpu_without_avx512_bf16_is_refused_naming_the_flag(tmp_path, monkeypatch):
+    from exporter import config
+
+    monkeypatch.setattr(config, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
+    with pytest.raises(ExportError, match="this CPU lacks 'avx512_bf16'; use --gemv tune or dense"):
+        ExportConfig(model="tiny-llama", out=tmp_path / "b", gemv="dpbf16", dtype="bfloat16")
 
 
 def test_group_size_that_does_not_divide_the_layer_is_refused(tmp_path):

@@ -189,3 +189,23 @@ def test_the_kernel_families_and_the_integer_builds_are_raced_and_noise_keeps_th
             "builds once": None,
         }[noisy_race]
     )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tiles", "dpbf16", "own"),
+    [
+        ("bfloat16", False, True, {"dense", "dpbf16"}),
+        ("bfloat16", True, True, {"dense", "tiles", "dpbf16"}),
+        ("bfloat16", True, False, {"dense", "tiles"}),
+        ("float32", True, True, {"dense"}),  # both multiply bf16 only
+        ("float16", False, True, {"dense"}),
+    ],
+)
+def test_the_race_offers_each_bf16_gemm_where_its_instructions_run(dtype, tiles, dpbf16, own):
+    from types import SimpleNamespace
+
+    from exporter.export import _own
+
+    native = SimpleNamespace(library=SimpleNamespace(tiles=tiles, dpbf16=dpbf16))
+    assert _own(SimpleNamespace(dtype=dtype), native) == own
+    assert _own(SimpleNamespace(dtype=dtype), None) == frozenset()
