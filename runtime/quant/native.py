@@ -196,33 +196,27 @@ def linear_dense(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -
 
 def linear_tiles(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -> torch.Tensor:
     """x (..., K) @ w (N, K).T, both bf16, on AMX tiles; output bf16."""
-    x2, code, m, k = _operands(x, (w,))
-    if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or w.dim() != 2 or w.shape[1] != k:
-        raise ValueError(
-            f"aotpack's tiles kernel takes bf16 activations and a bf16 (N, {k}) weight, got {x.dtype} and "
-            f"{w.dtype} {tuple(w.shape)}"
-        )
-    lib = lib or library()
-    if not lib.tiles:
-        raise BundleError(f"aotpack's kernels here ({lib.isa}) cannot run the tiles kernel: it needs AMX, granted")
-    return _float_product(lib.aotpack_linear_tiles, "tiles", x, x2, code, w)
+    return _bf16_product("tiles", "it needs AMX, granted", x, w, lib)
 
 
 def linear_dpbf16(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -> torch.Tensor:
     """x (..., K) @ w (N, K).T, both bf16, with AVX512-BF16's vdpbf16ps; output bf16."""
-    x2, code, m, k = _operands(x, (w,))
+    return _bf16_product("dpbf16", f"it needs a build with AVX512-BF16, on a CPU with {DPBF16_FLAG!r}", x, w, lib)
+
+
+def _bf16_product(what: str, needs: str, x: torch.Tensor, w: torch.Tensor, lib: Library | None) -> torch.Tensor:
+    """x @ w.T through the bf16 kernel `what` ("tiles" or "dpbf16": Library's property and the C function
+    aotpack_linear_<what>): the operands checked, then whether `lib` runs it (`needs`: what it takes)."""
+    x2, code, _, k = _operands(x, (w,))
     if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or w.dim() != 2 or w.shape[1] != k:
         raise ValueError(
-            f"aotpack's dpbf16 kernel takes bf16 activations and a bf16 (N, {k}) weight, got {x.dtype} and "
+            f"aotpack's {what} kernel takes bf16 activations and a bf16 (N, {k}) weight, got {x.dtype} and "
             f"{w.dtype} {tuple(w.shape)}"
         )
     lib = lib or library()
-    if not lib.dpbf16:
-        raise BundleError(
-            f"aotpack's kernels here ({lib.isa}) cannot run the dpbf16 kernel: it needs a build with AVX512-BF16, "
-            f"on a CPU with {DPBF16_FLAG!r}"
-        )
-    return _float_product(lib.aotpack_linear_dpbf16, "dpbf16", x, x2, code, w)
+    if not getattr(lib, what):
+        raise BundleError(f"aotpack's kernels here ({lib.isa}) cannot run the {what} kernel: {needs}")
+    return _float_product(getattr(lib, f"aotpack_linear_{what}"), what, x, x2, code, w)
 
 
 def _float_product(function, what: str, x, x2, code: int, w) -> torch.Tensor:
