@@ -181,13 +181,25 @@ def eager_runtime(checkpoint):
 
 @pytest.fixture(scope="session")
 def reference(checkpoint):
-    """reference(name) -> the eager HF model loaded from the original checkpoint."""
+    """reference(name) -> the eager HF model loaded from the original checkpoint: one fp32 CPU model per
+    name for the whole session, so a test that converts it must convert a copy (`.to` works in place).
+    One that did not made the parity tests after it in the same worker fail by chance; now the next
+    test to ask for it fails saying so."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
+    @functools.cache
     def load_reference(name: str):
         path = checkpoint(name)
         multimodal = getattr(AutoConfig.from_pretrained(path), "vision_config", None) is not None
         auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
         return auto.from_pretrained(path).eval()
 
-    return functools.cache(load_reference)
+    def shared(name: str):
+        model = load_reference(name)
+        first = next(model.parameters())
+        assert first.dtype == torch.float32 and first.device.type == "cpu", (
+            f"a test left the shared reference {name!r} in {first.dtype} on {first.device}: convert a copy"
+        )
+        return model
+
+    return shared

@@ -7,6 +7,7 @@ without its instructions. The kernels themselves: tests/unit/test_bf16_kernels.p
 
 from __future__ import annotations
 
+import copy
 import zipfile
 
 import pytest
@@ -43,7 +44,9 @@ def lowered(request, runtime):
 
 @pytest.fixture(scope="module")
 def hf_bf16(reference):
-    return reference(NAME).to(torch.bfloat16)
+    # a copy: `reference` hands every test of the session the same model, and `.to` converts in place (the
+    # fp32 parity tests after this module in the same worker compared against bf16 weights and failed)
+    return copy.deepcopy(reference(NAME)).to(torch.bfloat16)
 
 
 def test_every_graph_calls_the_kernel_the_bundle_carries(lowered, bundle):
