@@ -17,16 +17,25 @@ from runtime.errors import ExportError
 from runtime.format.files import MANIFEST
 from runtime.format.manifest import (
     AMX_ISA,
+    BF16_LOWERINGS,
+    DENSE,
     DEVICES,
+    DPBF16,
     DTYPES,
     MAX_CHUNK_TOKENS,
     MAX_DRAFT_TOKENS,
     RECIPES,
     SCALE_SEARCHES,
+    TILES,
 )
 from runtime.format.quant import GROUP_SIZES, INDUCTOR, INT4, INTEGER, METHODS, QuantSpec
 
 CPU_ISAS = ("native", "avx2")
+# --gemv's bf16 GEMMs: how each multiplies, what its kernels are built for, what it needs, and its CPU flags
+_BF16_GEMMS = {
+    TILES: ("on AMX tiles", "AMX", "AMX's bf16 tiles", KERNEL_ISA_FLAGS[AMX_ISA]),
+    DPBF16: ("with vdpbf16ps", "AVX512-BF16", "AVX512-BF16", {DPBF16_FLAG}),
+}
 MAX_CACHE_LEN = 1 << 20  # tokens: more than any model here attends to; a typo of 10**12 fails here, not in malloc
 MAX_BATCH = 1024
 QUANT_KERNELS = ("auto", INTEGER, INDUCTOR)  # auto: time both families here and keep the faster
@@ -105,44 +114,32 @@ class ExportConfig:
             )
         if self.gemv not in GEMV_POLICIES:
             raise ExportError(f"--gemv {self.gemv!r} is not supported; choose one of {GEMV_POLICIES}")
-        if self.gemv in ("dense", "tiles", "dpbf16") and (self.device != "cpu" or self.quantize):
+        if self.gemv in (DENSE, *BF16_LOWERINGS) and (self.device != "cpu" or self.quantize):
             raise ExportError(
                 f"--gemv {self.gemv} runs aotpack's CPU GEMM over float weights; use --gemv tune (or aten) for "
                 f"--device {self.device}{' or --quantize' if self.quantize else ''}"
             )
-        if self.gemv == "tiles":
-            self._check_tiles()
-        if self.gemv == "dpbf16":
-            self._check_dpbf16()
+        if self.gemv in BF16_LOWERINGS:
+            self._check_bf16_gemm()
         object.__setattr__(self, "out", Path(self.out))
         self._check_out()
         if self.sign_key is not None and not Path(self.sign_key).is_file():
             raise ExportError(f"--sign-key {self.sign_key} does not exist; give an elliptic-curve private key (PEM)")
 
-    def _check_tiles(self) -> None:
-        """--gemv tiles: a bf16 bundle, on a CPU with AMX's bf16 tiles (whether Linux grants them is known
-        once the kernels are built)."""
+    def _check_bf16_gemm(self) -> None:
+        """--gemv tiles or dpbf16: a bf16 bundle, with kernels built for this CPU, which has the instructions
+        (whether Linux grants AMX's tiles is known once the kernels are built)."""
+        how, target, needs, flags = _BF16_GEMMS[self.gemv]
         if self.dtype != "bfloat16":
-            raise ExportError(f"--gemv tiles multiplies bf16 on AMX tiles; add --dtype bfloat16 (got {self.dtype})")
+            raise ExportError(f"--gemv {self.gemv} multiplies bf16 {how}; add --dtype bfloat16 (got {self.dtype})")
         if self.cpu_isa != "native":
-            raise ExportError(f"--gemv tiles needs kernels built for this CPU's AMX; drop --cpu-isa {self.cpu_isa}")
-        missing = KERNEL_ISA_FLAGS[AMX_ISA] - (cpu_flags() or set())
+            raise ExportError(
+                f"--gemv {self.gemv} needs kernels built for this CPU's {target}; drop --cpu-isa {self.cpu_isa}"
+            )
+        missing = flags - (cpu_flags() or set())
         if missing:
             raise ExportError(
-                f"--gemv tiles needs AMX's bf16 tiles, and this CPU lacks {sorted(missing)}; use --gemv tune or dense"
-            )
-
-    def _check_dpbf16(self) -> None:
-        """--gemv dpbf16: a bf16 bundle, on a CPU with AVX512-BF16."""
-        if self.dtype != "bfloat16":
-            raise ExportError(f"--gemv dpbf16 multiplies bf16 with vdpbf16ps; add --dtype bfloat16 (got {self.dtype})")
-        if self.cpu_isa != "native":
-            raise ExportError(
-                f"--gemv dpbf16 needs kernels built for this CPU's AVX512-BF16; drop --cpu-isa {self.cpu_isa}"
-            )
-        if DPBF16_FLAG not in (cpu_flags() or set()):
-            raise ExportError(
-                f"--gemv dpbf16 needs AVX512-BF16, and this CPU lacks {DPBF16_FLAG!r}; use --gemv tune or dense"
+                f"--gemv {self.gemv} needs {needs}, and this CPU lacks {sorted(missing)}; use --gemv tune or dense"
             )
 
     def _check_out(self) -> None:

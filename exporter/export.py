@@ -42,6 +42,7 @@ from runtime.format.contract import INPUT_NAMES, DecodeContract, graph_name, gra
 from runtime.format.files import DECODE, DECODE_ONNX, KERNELS, MANIFEST, sha256
 from runtime.format.manifest import (
     AOTPACK_VERSION,
+    BF16_LOWERINGS,
     DENSE,
     DPBF16,
     FORMAT_VERSION,
@@ -238,12 +239,8 @@ def _own(config: ExportConfig, native) -> frozenset[str]:
     AVX512-BF16."""
     if native is None:
         return frozenset()
-    bf16 = config.dtype == "bfloat16"
-    return frozenset(
-        {DENSE}
-        | ({TILES} if bf16 and native.library.tiles else set())
-        | ({DPBF16} if bf16 and native.library.dpbf16 else set())
-    )
+    bf16 = [name for name in BF16_LOWERINGS if getattr(native.library, name)] if config.dtype == "bfloat16" else []
+    return frozenset({DENSE, *bf16})  # Library.tiles and .dpbf16: whether each runs here
 
 
 def _attention(model, config: ExportConfig, attention: str, options: dict, progress: Progress, native: bool):
@@ -281,7 +278,7 @@ def _float_kernels(config: ExportConfig, progress: Progress):
     dequantizing kernels) whose graphs may choose the `dense` GEMM or the native decode attention, else
     None."""
     attention = config.decode_attention in ("auto", decode_attention.NATIVE)
-    if config.device != "cpu" or (config.gemv not in ("tune", DENSE, TILES, DPBF16) and not attention):
+    if config.device != "cpu" or (config.gemv not in ("tune", DENSE, *BF16_LOWERINGS) and not attention):
         return None
     with progress.stage("kernels", "building aotpack's kernels (dense GEMM and decode attention candidates)"):
         built = kernels.build(config.cpu_isa, log=progress.log)

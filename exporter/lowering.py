@@ -60,30 +60,28 @@ def reduce_linear(x, w, b=None):
     return y + b if b is not None else y
 
 
-def dense_linear(x, w, b=None):
-    # aotpack's GEMM (runtime.quant.dense), whose C shim takes row-major rows only: the other lowerings
-    # leave their output a transposed view (rows_outer), and Inductor passes a custom op the strides
-    # the trace saw, so they are made row-major here (a copy of a few KB; none at one row)
-    y = dense_op.OP(x.contiguous(), w)
-    return y + b if b is not None else y
+def _own_gemm(op):
+    """A linear through one of aotpack's GEMMs (runtime.quant.dense), whose C shims take row-major rows
+    only: the other lowerings leave their output a transposed view (rows_outer), and Inductor passes a
+    custom op the strides the trace saw, so they are made row-major here (a copy of a few KB; none at
+    one row)."""
+
+    def linear(x, w, b=None):
+        y = op(x.contiguous(), w)
+        return y + b if b is not None else y
+
+    return linear
 
 
-def tiles_linear(x, w, b=None):
-    # aotpack's GEMM on AMX tiles (bf16 only), row-major rows as dense_linear
-    y = dense_op.TILES_OP(x.contiguous(), w)
-    return y + b if b is not None else y
-
-
-def dpbf16_linear(x, w, b=None):
-    # aotpack's GEMM with AVX512-BF16's vdpbf16ps (bf16 only), row-major rows as dense_linear
-    y = dense_op.DPBF16_OP(x.contiguous(), w)
-    return y + b if b is not None else y
+# aotpack's GEMM, on AMX tiles (bf16 only) and with AVX512-BF16's vdpbf16ps (bf16 only)
+_OWN = {DENSE: _own_gemm(dense_op.OP), TILES: _own_gemm(dense_op.TILES_OP), DPBF16: _own_gemm(dense_op.DPBF16_OP)}
 
 
 # Per op: its candidates by name. A float weight's are here; a quantized scheme's are its own module's,
 # and the integer family's op is its own one candidate.
-_FLOAT = {"aten": aten_linear, "reduce": reduce_linear, DENSE: dense_linear, TILES: tiles_linear, DPBF16: dpbf16_linear}
-CANDIDATES = {LINEAR: _FLOAT} | {scheme.name: scheme.candidates or {DOT: scheme.op} for scheme in SCHEMES.values()}
+CANDIDATES = {LINEAR: {"aten": aten_linear, "reduce": reduce_linear, **_OWN}} | {
+    scheme.name: scheme.candidates or {DOT: scheme.op} for scheme in SCHEMES.values()
+}
 
 
 @dataclass(frozen=True)
@@ -278,7 +276,7 @@ def _runnable(fn, inductor_options: dict):
     """A candidate as the graph will run it: an Inductor lowering compiled with the graph's options, or
     aotpack's own kernels (the integer family's op, the dense GEMMs), the very kernels the graph calls
     (eagerly their call costs a few microseconds more, spread thin over the timed bytes)."""
-    if fn in _QUANTIZED or fn in (dense_linear, tiles_linear, dpbf16_linear):
+    if fn in _QUANTIZED or fn in _OWN.values():
         return fn
     return torch.compile(fn, dynamic=False, fullgraph=True, options=inductor_options)
 

@@ -62,11 +62,11 @@ KERNEL_ISA_FLAGS = {
     "avx-vnni": {"avx2", "fma", "f16c", "bmi2", "avx_vnni"},
     "avx512-vnni": {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
 }
+# and the AMX tiles: the float kernel's bf16 ones (exporter/csrc/dense.cpp) and int8's (int8.cpp)
+KERNEL_ISA_FLAGS["amx"] = KERNEL_ISA_FLAGS["avx512-vnni"] | {"amx_tile", "amx_bf16", "amx_int8"}
 # The bf16 `dpbf16` lowering's `vdpbf16ps` (exporter/csrc/dense.cpp): not a path of its own but an
 # instruction a 512-bit build compiled with it has, checked before a bundle whose graphs call it loads.
 DPBF16_FLAG = "avx512_bf16"
-# and the AMX tiles: the float kernel's bf16 ones (exporter/csrc/dense.cpp) and int8's (int8.cpp)
-KERNEL_ISA_FLAGS["amx"] = KERNEL_ISA_FLAGS["avx512-vnni"] | {"amx_tile", "amx_bf16", "amx_int8"}
 
 
 def check_kernels_isa(isa: str) -> None:

@@ -56,7 +56,10 @@ TILES = "tiles"  # the same on AMX tiles (bf16 weights and activations)
 DPBF16 = "dpbf16"  # the same with AVX512-BF16's vdpbf16ps (bf16 weights and activations)
 KERNEL_LOWERINGS = frozenset({DENSE, TILES, DPBF16})  # the lowerings that call aotpack's kernels
 AMX_ISA = "amx"  # the kernels' instruction path that has the tiles
-DPBF16_ISAS = frozenset({"avx512-vnni", AMX_ISA})  # the 512-bit paths, which a build with AVX512-BF16 reports
+# The lowerings of bf16 weights only -> how each multiplies, and the kernels' paths that can have it (a
+# build with AVX512-BF16 reports one of the 512-bit paths)
+BF16_LOWERINGS = {TILES: "on AMX tiles", DPBF16: "with AVX512-BF16"}
+_BF16_ISAS = {TILES: frozenset({AMX_ISA}), DPBF16: frozenset({"avx512-vnni", AMX_ISA})}
 NATIVE_ATTENTION = "native"  # the decode attention that calls them
 RECIPES = ("uniform", "sensitive", "mixed")
 MAX_DRAFT_TOKENS = 16  # drafts a verify graph may take per row
@@ -627,16 +630,12 @@ def _check_native(m: Manifest) -> None:
         )
     if m.native is not None and (m.native.file != KERNELS or KERNELS not in m.files):
         raise ManifestError(f"manifest native entry names {m.native.file!r}, not a listed {KERNELS}; re-export it")
-    if TILES in chosen_lowerings(m) and (m.native.isa != AMX_ISA or m.dtype != "bfloat16"):
-        raise ManifestError(
-            f"manifest lowering {TILES!r} runs bf16 on AMX tiles, but the bundle is {m.dtype} with kernels for "
-            f"{m.native.isa!r}; re-export it"
-        )
-    if DPBF16 in chosen_lowerings(m) and (m.native.isa not in DPBF16_ISAS or m.dtype != "bfloat16"):
-        raise ManifestError(
-            f"manifest lowering {DPBF16!r} runs bf16 with AVX512-BF16, but the bundle is {m.dtype} with kernels "
-            f"for {m.native.isa!r}; re-export it"
-        )
+    for name, how in BF16_LOWERINGS.items():
+        if name in chosen_lowerings(m) and (m.native.isa not in _BF16_ISAS[name] or m.dtype != "bfloat16"):
+            raise ManifestError(
+                f"manifest lowering {name!r} runs bf16 {how}, but the bundle is {m.dtype} with kernels for "
+                f"{m.native.isa!r}; re-export it"
+            )
 
 
 def _check_layer(layer: LayerLayout, nbytes, max_cache_len: int) -> None:
