@@ -80,9 +80,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         "--recipe",
         choices=("mixed", "sensitive", "uniform"),
         default="mixed",
-        help="int4: hold at int8 what llama.cpp's Q4_K_M gives more bits: the lm_head, embedding and sensitive "
-        "layers, and weights whose width is not a multiple of 256 (mixed); the first three only (sensitive); "
-        "nothing (uniform)",
+        help="int4: hold at more bits what llama.cpp's Q4_K_M does: the lm_head, embedding and sensitive layers "
+        "at int8, and weights whose width is not a multiple of 256 at int5 with the integer kernels (its Q5_0), "
+        "int8 with Inductor's (mixed); the first three only (sensitive); nothing (uniform)",
     )
     e.add_argument(
         "--scale-search",

@@ -57,7 +57,7 @@ class ExportConfig:
     quantize: str | None = None  # "int8" or "int4": weight-only quantization of the text decoder
     group_size: int | None = None  # int4 columns per scale (default 32)
     quant_kernels: str = "auto"  # the family computing quantized layers (runtime.format.quant)
-    recipe: str = "mixed"  # int4: which modules stay at int8, as llama.cpp's Q4_K_M chooses (exporter.quantize)
+    recipe: str = "mixed"  # int4: which modules get more bits (int8, int5), as Q4_K_M chooses (exporter.quantize)
     scale_search: str = "mse"  # int4: scales and mins fitted per group (exporter.scales), or each group's range
     accuracy: bool = True  # score a reduced-precision bundle against its float32 model
     gemv: str = "tune"  # "tune": time each weight shape's kernels here; "aten"/"reduce"/"dense": one, untimed

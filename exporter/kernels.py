@@ -37,7 +37,7 @@ from runtime.format.manifest import NativeKernels
 from runtime.quant import native
 
 SOURCES = Path(__file__).parent / "csrc"
-_UNITS = ("quant_common.cpp", "int8.cpp", "int4.cpp", "dense.cpp", "attention.cpp")
+_UNITS = ("quant_common.cpp", "int8.cpp", "int4.cpp", "int5.cpp", "dense.cpp", "attention.cpp")
 # No -ffast-math: the kernels' float sums must round the same way in every tile, and GCC's default
 # contraction of a * b + c into an FMA is switched off for the same reason (the vector code's FMAs are
 # explicit intrinsics).

@@ -123,8 +123,15 @@ def _example(shape: WeightShape, rows: int, dtype: torch.dtype, device: str, bat
     first, *rest = scheme.shapes(spec, rows, shape.cols)
     raw = torch.randint(0, 256, (*first[:-1], first[-1] * scheme.dtypes[0].itemsize), dtype=torch.uint8)
     codes = raw.view(scheme.dtypes[0]).to(device)  # random bits in the first buffer's dtype
-    scales = [torch.rand(s, device=device).to(kind) for s, kind in zip(rest, scheme.dtypes[1:], strict=True)]
+    scales = [_random(s, kind, device) for s, kind in zip(rest, scheme.dtypes[1:], strict=True)]
     return x, codes, *scales, *scheme.op_extras(spec)
+
+
+def _random(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Random bits for an integer buffer (int5's fifth bits), values in [0, 1) for scales."""
+    if dtype == torch.uint8:
+        return torch.randint(0, 256, shape, dtype=dtype).to(device)
+    return torch.rand(shape, device=device).to(dtype)
 
 
 def _weight_bytes(args: tuple) -> int:

@@ -26,7 +26,7 @@ from exporter.compile import kernel_options
 from exporter.config import ExportConfig
 from exporter.lowering import CANDIDATES, DOT, WeightShape, fastest, race
 from runtime.format.manifest import Quantization
-from runtime.format.quant import INDUCTOR, INTEGER, QuantSpec
+from runtime.format.quant import INDUCTOR, INTEGER, METHODS, QuantSpec
 from runtime.quant import native, scheme
 
 # Kept when the timing is noise: the family that won at batch 1 on every idle machine measured (on the AVX2
@@ -55,14 +55,13 @@ def choose(config: ExportConfig, plan: Quantization, shapes: dict[str, tuple[int
     """`plan`: the bundle's quantization as planned; `shapes`: each quantized module's (rows, cols)."""
     if config.device != "cpu" or config.quant_kernels == INDUCTOR:
         return Family(INDUCTOR, {}, None)
-    main = [shape for path, shape in shapes.items() if plan.spec(path).method == plan.method]
-    rows, cols = max(main, key=lambda s: s[0] * s[1])
+    method, group, (rows, cols) = _timed_weight(plan, shapes)
     dtype = getattr(torch, config.dtype)
-    integer = WeightShape(scheme(QuantSpec(plan.method, plan.group_size, INTEGER)).name, rows, cols, plan.group_size)
+    integer = WeightShape(scheme(QuantSpec(method, group, INTEGER)).name, rows, cols, group)
     built, build_rates, build_noise = _integer_build(config, integer, dtype, log)
     if config.quant_kernels == INTEGER:
         return Family(INTEGER, build_rates, built, build_noise)
-    inductor = replace(integer, op=scheme(QuantSpec(plan.method, plan.group_size, INDUCTOR)).name)
+    inductor = replace(integer, op=scheme(QuantSpec(method, group, INDUCTOR)).name)
     options = kernel_options(config.device, config.cpu_isa, dequantizing=True)
     chosen, rates, noise = _faster(
         lambda batch: {
@@ -76,6 +75,18 @@ def choose(config: ExportConfig, plan: Quantization, shapes: dict[str, tuple[int
     rates |= build_rates
     noise += [build_noise] if build_noise else []
     return Family(chosen, rates, built if chosen == INTEGER else None, "; ".join(noise) or None)
+
+
+def _timed_weight(plan: Quantization, shapes: dict[str, tuple[int, int]]) -> tuple[str, int | None, tuple[int, int]]:
+    """(method, group size, (rows, cols)) of the weight the races time: the largest at the bundle's method,
+    else the largest at a method both families have (a mixed int4 bundle of narrow weights holds them all
+    at int5, which Inductor's family lacks, or int8)."""
+    for methods in ((plan.method,), METHODS):
+        found = [(plan.spec(path), shape) for path, shape in shapes.items() if plan.spec(path).method in methods]
+        if found:
+            spec, shape = max(found, key=lambda f: f[1][0] * f[1][1])
+            return spec.method, spec.group_size, shape
+    raise ValueError("a quantized bundle without a quantized weight")  # plan() quantizes the lm_head at least
 
 
 def _integer_build(config: ExportConfig, shape: WeightShape, dtype, log) -> tuple[kernels.Built, dict, str | None]:

@@ -3,18 +3,21 @@
 Owns: choosing which modules are quantized (every linear layer of the text decoder, the `lm_head`, and
 the token embedding; a tied pair stays tied, as one packed weight), the recipe that says at which method
 each is held, and how int4 scales are chosen. Each scheme's own module packs the weights
-(runtime.quant.int8, int4, int8_dot, int4_dot). A VLM's vision tower and projector stay in float: they run
+(runtime.quant.int8, int4, int8_dot, int4_dot, int5_dot). A VLM's vision tower and projector stay in float: they run
 once per image, in the eager prefill, and never in the decode step.
 
-int4 recipes, each holding some modules at int8 (llama.cpp's choices in llama-quant.cpp,
-`llama_tensor_get_type`, where Q4_K_M gives them 5 to 8 bits; aotpack has no 5- or 6-bit scheme, so int8):
-- `sensitive`: the output projection (and a tied embedding with it), and the attention value and MLP down
-  projections of the layers `use_more_bits` picks (the first and last eighth, and every third between);
-- `mixed` (the default): those, and every weight whose input width is not a multiple of 256. Q4_K needs
-  256-column super-blocks, and Q4_K_M falls back to Q5_0 for such weights, so on models with such widths
-  (Gemma 3 270M's 640, SmolLM2's 576) most of Q4_K_M is 5-bit: matching its accuracy takes as many bits;
+int4 recipes, each holding some modules at more bits (llama.cpp's choices in llama-quant.cpp,
+`llama_tensor_get_type`, where Q4_K_M gives them 5 to 8 bits; aotpack has int5 (Q5_0) and int8, no 6-bit):
+- `sensitive`: at int8, the output projection (and a tied embedding with it), and the attention value and
+  MLP down projections of the layers `use_more_bits` picks (the first and last eighth, and every third
+  between), where Q4_K_M gives Q6_K (or Q8_0, its fallback);
+- `mixed` (the default): those, and every other weight whose input width is not a multiple of 256. Q4_K
+  needs 256-column super-blocks, and Q4_K_M falls back to Q5_0 for such weights, so on models with such
+  widths (Gemma 3 270M's 640, SmolLM2's 576) most of Q4_K_M is 5-bit. The integer family holds them at
+  int5, as Q5_0 (runtime.quant.int5_dot); Inductor's family, which has no int5, at int8;
 - `uniform`: every module at int4.
-The int4 modules get scales searched per group (exporter.scales).
+The int4 modules get scales searched per group (exporter.scales); int5 takes Q5_0's grid, which keeps a
+weight that is already on one (the PyPI Gemma 3 270M's Q5_0 tensors) exactly.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from torch import nn
 from exporter import scales
 from runtime.errors import ExportError
 from runtime.format.manifest import Quantization
-from runtime.format.quant import LAYOUTS
+from runtime.format.quant import INT5, INTEGER, LAYOUTS
 from runtime.quant import INT4, INT8, PackedWeight, QuantizedEmbedding, QuantizedLinear, QuantSpec
 
 SUPER_BLOCK = 256  # columns of llama.cpp's K-quant super-block: narrower rows fall back to more bits
@@ -47,18 +50,19 @@ def more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
-def int8_paths(recipe: str, linears: dict[str, nn.Linear], embedding: str | None, head: str, layers: int):
-    """The modules an int4 recipe holds at int8."""
+def held_paths(recipe: str, linears: dict[str, nn.Linear], embedding: str | None, head: str, layers: int):
+    """The modules an int4 recipe holds at more bits: (those at 6 bits or more in Q4_K_M, those at 5)."""
     if recipe == "uniform":
-        return ()
-    kept = [head, *([embedding] if embedding else [])]
+        return (), ()
+    six, five = [head, *([embedding] if embedding else [])], []
     for path, linear in linears.items():
         found = _LAYER.search(path)
         if found and path.rsplit(".", 1)[-1] in SENSITIVE and more_bits(int(found.group(1)), layers):
-            kept.append(path)
+            six.append(path)
         elif recipe == "mixed" and linear.in_features % SUPER_BLOCK:
-            kept.append(path)
-    return tuple(dict.fromkeys(kept))
+            five.append(path)
+    six = tuple(dict.fromkeys(six))
+    return six, tuple(p for p in dict.fromkeys(five) if p not in six)
 
 
 def plan(model: nn.Module, spec: QuantSpec, recipe: str, scale_search: str) -> Quantization:
@@ -69,16 +73,17 @@ def plan(model: nn.Module, spec: QuantSpec, recipe: str, scale_search: str) -> Q
     head = paths[id(model.get_output_embeddings())]
     layers = model.config.get_text_config().num_hidden_layers
     int4 = spec.method == INT4
-    kept = int8_paths(recipe, linears, paths[id(embedding)], head, layers) if int4 else ()
-    bad = sorted(p for p, m in linears.items() if not _spec(spec, p, kept).accepts(m.in_features))
+    six, five = held_paths(recipe, linears, paths[id(embedding)], head, layers) if int4 else ((), ())
+    # Inductor's family has no int5: Q5_0's weights go to int8 there
+    kept, five = (six, five) if spec.kernels == INTEGER else ((*six, *five), ())
+    bad = sorted(p for p, m in linears.items() if not _spec(spec, p, kept, five).accepts(m.in_features))
     if bad:
         raise ExportError(
             f"{bad[:3]} have input sizes that {spec.method} with group size {spec.group_size} cannot pack; "
             "choose another --group-size"
         )
-    embed_path = (
-        paths[id(embedding)] if _spec(spec, paths[id(embedding)], kept).accepts(embedding.embedding_dim) else None
-    )
+    embed = paths[id(embedding)]
+    embed_path = embed if _spec(spec, embed, kept, five).accepts(embedding.embedding_dim) else None
     tied = head if embed_path and linears[head].weight is embedding.weight else None
     return Quantization(
         method=spec.method,
@@ -90,13 +95,16 @@ def plan(model: nn.Module, spec: QuantSpec, recipe: str, scale_search: str) -> Q
         tied=tied,
         recipe=recipe if int4 else "uniform",
         int8_paths=tuple(p for p in kept if p in linears or p == embed_path),
+        int5_paths=tuple(p for p in five if p in linears or p == embed_path),
         scales=scale_search if spec.method == INT4 else "minmax",
         kernel_rates={},
         kernel_noise=None,
     )
 
 
-def _spec(spec: QuantSpec, path: str, kept) -> QuantSpec:
+def _spec(spec: QuantSpec, path: str, kept, five) -> QuantSpec:
+    if path in five:
+        return QuantSpec(INT5, spec.group_size, spec.kernels)
     return spec if path not in kept else QuantSpec(INT8, None, spec.kernels)
 
 

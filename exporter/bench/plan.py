@@ -3,8 +3,9 @@ prompt and machine.
 
 Owns: the batch-1 plan. A variant is a bundle dtype ("float32", "bfloat16") or a quantization
 ("int8", "int4": weight-only, float32 activations). Each (variant, round, system) runs in a fresh
-subprocess (`exporter.bench.worker`) so start-up costs are real; rounds interleave the systems, so a
-slow spell of this shared machine falls on all of them rather than on one. HF runs the float variants
+subprocess (`exporter.bench.worker`) so start-up costs are real; rounds interleave the systems and the
+variants (every variant is prepared first), so a slow spell of this shared machine falls on all of them
+rather than on one. HF runs the float variants
 only (it has no equivalent of aotpack's quantized bundles); llama.cpp, when `llama_cpp` is importable
 and its converter script is given, runs every variant on the same weights converted to GGUF at the
 matching precision (f32, bf16, Q8_0, Q4_K_M). The bundle's build time is measured by running
@@ -56,15 +57,22 @@ def bench_batch1(config: BenchConfig, log=print) -> dict:
 
         vocab = min(AutoConfig.from_pretrained(checkpoint).get_text_config().vocab_size, 32000)
         prompt = random_prompt(vocab, config.prompt_len)
+        variants = {}
         for variant in config.variants:
-            _bench_variant(config, variant, checkpoint, prompt, Path(tmp), results, log)
+            variants[variant] = _prepare_variant(config, variant, checkpoint, prompt, Path(tmp), results, log)
             _keep_partial(results, config.out)  # an hour's runs survive a later variant's failure
+        for round_ in range(config.rounds):
+            for variant, (paths, step) in variants.items():
+                _bench_round(config, variant, round_, paths, step, prompt, Path(tmp), results, log)
+            _keep_partial(results, config.out)
     write_reports(results, config.out)
     (config.out / PARTIAL).unlink(missing_ok=True)
     return results
 
 
-def _bench_variant(config: BenchConfig, variant: str, checkpoint: Path, prompt, tmp: Path, results: dict, log) -> None:
+def _prepare_variant(config: BenchConfig, variant: str, checkpoint: Path, prompt, tmp: Path, results: dict, log):
+    """Export the variant's bundle (timed), its GGUF for llama.cpp and llama.cpp's perplexity: (each system's
+    model path, the bytes a step reads)."""
     bundle = tmp / f"bundle-{variant}"
     log(f"[{variant}] exporting the bundle")
     onnx = any(s in ONNX_SYSTEMS for s in config.systems_for(variant))
@@ -75,25 +83,31 @@ def _bench_variant(config: BenchConfig, variant: str, checkpoint: Path, prompt, 
     results[f"step_bytes_{variant}"] = step = bytes_per_step(manifest, config.prompt_len + config.new_tokens // 2)
     if manifest.accuracy is not None:
         results["accuracy"][variant] = asdict(manifest.accuracy)
-    systems = config.systems_for(variant)
     paths = {"aotpack": bundle, "hf_eager": checkpoint, "hf_compile": checkpoint} | dict.fromkeys(ONNX_SYSTEMS, bundle)
-    if "llama_cpp" in systems:
+    if "llama_cpp" in config.systems_for(variant):
         log(f"[{variant}] converting the checkpoint to GGUF for llama.cpp")
         paths["llama_cpp"] = gguf_for(checkpoint, variant, config.llama_cpp_converter, tmp / "gguf")
-    if "llama_cpp" in systems:
         log(f"[{variant}] llama.cpp's perplexity on the accuracy text")
         extra = ["--text", ",".join(map(str, accuracy_ids(checkpoint)))]
         run = measure("llama_cpp", paths["llama_cpp"], variant, prompt, config, tmp / "perplexity", extra)
         results["llama_cpp_perplexity"][variant] = run["perplexity"]
-    for round_ in range(config.rounds):
-        for system in systems:
-            log(f"[{variant}] round {round_ + 1}/{config.rounds}: {system}")
-            run = measure(system, paths[system], variant, prompt, config, tmp / f"round{round_}")
-            results["runs"].append(run | {"round": round_})
-        # Right after the runs: this machine's bandwidth drifts by a third within minutes, so each
-        # round's floor is measured next to the decode it is compared with.
-        log(f"[{variant}] round {round_ + 1}/{config.rounds}: read bandwidth and torch's GEMV")
-        results["read_rates"].append({"dtype": variant, "round": round_} | _read_rates(step, variant, config.threads))
+    return paths, step
+
+
+def _bench_round(config: BenchConfig, variant: str, round_: int, paths, step, prompt, tmp: Path, results, log) -> None:
+    """One round of every system on one variant. Rounds go over every variant in turn (round 1 of each, then
+    round 2 ...), so the ratios between variants (int4 against int8) meet this machine's slow spells alike:
+    the AMD EPYC Zen 4's memory switched between a slow and a fast phase minutes apart, and one variant's
+    rounds after another's compared the phases (SmolLM2 int4 0.96x int8 in such a run, 1.25x with the two
+    bundles' steps interleaved in one process)."""
+    for system in config.systems_for(variant):
+        log(f"[{variant}] round {round_ + 1}/{config.rounds}: {system}")
+        run = measure(system, paths[system], variant, prompt, config, tmp / f"round{round_}")
+        results["runs"].append(run | {"round": round_})
+    # Right after the runs: this machine's bandwidth drifts by a third within minutes, so each
+    # round's floor is measured next to the decode it is compared with.
+    log(f"[{variant}] round {round_ + 1}/{config.rounds}: read bandwidth and torch's GEMV")
+    results["read_rates"].append({"dtype": variant, "round": round_} | _read_rates(step, variant, config.threads))
 
 
 def accuracy_ids(checkpoint: Path) -> list[int]:

@@ -284,7 +284,8 @@ def _against_llama_and_float32(results: dict, summary: list[dict], variant: str,
 def markdown(results: dict, summary: list[dict], figures: dict) -> str:
     c, m = results["config"], results["machine"]
     rounds = c.get("rounds", 1)
-    flags = "".join(f" --quantize {q}" for q in c.get("quantize", ()))
+    flags = "".join(f" --dtype {d}" for d in c.get("dtypes", ()))
+    flags += "".join(f" --quantize {q}" for q in c.get("quantize", ()))
     flags += " --onnx" if c.get("onnx") else ""
     flags += " --llama-cpp-converter …" if c.get("llama_cpp_converter") else ""
     cpu = m["cpu"] + (f" ({', '.join(m['isa'])})" if m.get("isa") else "")
@@ -292,7 +293,7 @@ def markdown(results: dict, summary: list[dict], figures: dict) -> str:
         (
             f"`aotpack bench --model {c['model']}{flags} --rounds {rounds}`: prompt {c['prompt_len']} tokens, "
             f"{c['new_tokens']} new tokens, greedy, batch 1, {c['threads']} threads; {cpu}. Each figure is the "
-            f"median over {rounds} fresh-process round(s); "
+            f"median over {rounds} fresh-process round(s), each over every variant and system in turn; "
             f"decode is the median step of {WARM_REQUESTS} warm requests per round, with its range over rounds."
         ),
         "",

@@ -1,7 +1,7 @@
 // aotpack's integer kernels: a tile's 16 weight rows as the 16 lanes of a vector, on each instruction path.
 //
-// Owns the loop over a weight's tiles (gemm), and the vectors the int8 and int4 kernels compute a tile
-// with, with the few operations they need:
+// Owns the loop over a weight's tiles (gemm), and the vectors the int8, int4 and int5 kernels compute a
+// tile with, with the few operations they need:
 //   IntLanes: 16 int32 lanes, each one row's exact integer dot product with one activation block;
 //   FloatLanes: 16 float lanes, each one row's sum so far;
 //   ByteLanes: one group of 4 columns of the tile's 16 rows (64 bytes: a lane's 4 bytes together).
@@ -89,6 +89,15 @@ inline void nibbles(const uint8_t* p, ByteLanes* low, ByteLanes* high) {
 inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
   return {_mm512_dpbusd_epi32(acc.v, w.v, _mm512_set1_epi32(x))};
 }
+inline FloatLanes half_lanes(const uint16_t* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+// w's byte i plus 16 where bit i of the 64 bits at p is set (int5's fifth bits: a mask register's load)
+inline ByteLanes fifth_bits(ByteLanes w, const uint8_t* p) {
+  uint64_t bits;
+  std::memcpy(&bits, p, 8);
+  return {_mm512_mask_add_epi8(w.v, _cvtu64_mask64(bits), w.v, _mm512_set1_epi8(16))};
+}
 
 #elif defined(AOTPACK_AVX2)
 constexpr int MR = 2;
@@ -130,6 +139,26 @@ inline void nibbles(const uint8_t* p, ByteLanes* low, ByteLanes* high) {
   const ByteLanes v = byte_lanes(p);
   *low = {_mm256_and_si256(v.lo, mask), _mm256_and_si256(v.hi, mask)};
   *high = {_mm256_and_si256(_mm256_srli_epi16(v.lo, 4), mask), _mm256_and_si256(_mm256_srli_epi16(v.hi, 4), mask)};
+}
+inline FloatLanes half_lanes(const uint16_t* p) {
+  const __m128i* v = reinterpret_cast<const __m128i*>(p);
+  return {_mm256_cvtph_ps(_mm_loadu_si128(v)), _mm256_cvtph_ps(_mm_loadu_si128(v + 1))};
+}
+// 16 where bit i of the 32 bits at p is set, else 0, in byte i (llama.cpp's bytes_from_bits_32: each byte
+// picks its bit's byte of the word, every other bit of it set, and compares with all ones)
+inline __m256i sixteen_where_set(const uint8_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(int32_t(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                        _mm256_set1_epi64x(-1));
+  return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+// w's byte i plus 16 where bit i of the 64 bits at p is set (int5's fifth bits; lanes 0-7 are the low half)
+inline ByteLanes fifth_bits(ByteLanes w, const uint8_t* p) {
+  return {_mm256_or_si256(w.lo, sixteen_where_set(p)), _mm256_or_si256(w.hi, sixteen_where_set(p + 4))};
 }
 #if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
 inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
@@ -200,6 +229,15 @@ inline FloatLanes mul(FloatLanes a, FloatLanes b) { for (int l = 0; l < TILE; l+
 inline ByteLanes byte_lanes(const uint8_t* p) { ByteLanes r; std::memcpy(r.v, p, sizeof r.v); return r; }
 inline void nibbles(const uint8_t* p, ByteLanes* low, ByteLanes* high) {
   for (int i = 0; i < TILE * GROUP; i++) low->v[i] = p[i] & 15, high->v[i] = p[i] >> 4;
+}
+inline FloatLanes half_lanes(const uint16_t* p) {
+  FloatLanes r;
+  for (int l = 0; l < TILE; l++) r.v[l] = f16_to_f32(p[l]);
+  return r;
+}
+inline ByteLanes fifth_bits(ByteLanes w, const uint8_t* p) {
+  for (int i = 0; i < TILE * GROUP; i++) w.v[i] |= uint8_t(((p[i >> 3] >> (i & 7)) & 1) << 4);
+  return w;
 }
 inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
   int8_t xb[GROUP];

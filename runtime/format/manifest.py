@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from runtime.errors import ManifestError
 from runtime.format.files import DECODE, DECODE_ONNX, KERNELS, json_digest
 from runtime.format.layout import FULL, SLIDING, LayerLayout
-from runtime.format.quant import INT4, INT8, INTEGER, LAYOUTS, QuantSpec
+from runtime.format.quant import INT4, INT5, INT8, INTEGER, LAYOUTS, QuantSpec
 from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the manifest records it)
 
 # 2: weights stored under module paths (with aliases for tied tensors), quantization, the decode step's
@@ -49,8 +49,10 @@ from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the mani
 # `dense`, whose instruction path is then "amx"; a format-6 to -13 manifest still reads (none chose it).
 # 15: a float lowering may be `dpbf16` (bf16 with AVX512-BF16's vdpbf16ps, runtime.quant.dense), carried in
 # `native` like `dense`, built for a 512-bit path; a format-6 to -14 manifest still reads (none chose it).
-FORMAT_VERSION = 15
-SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+# 16: an int4 bundle of the integer family may hold weights at int5 (llama.cpp's Q5_0, runtime.quant.int5_dot:
+# `quantization.int5_paths`); a format-6 to -15 manifest still reads (none held any).
+FORMAT_VERSION = 16
+SUPPORTED_VERSIONS = frozenset({6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
 DENSE = "dense"  # the float lowering that calls aotpack's kernels
 TILES = "tiles"  # the same on AMX tiles (bf16 weights and activations)
 DPBF16 = "dpbf16"  # the same with AVX512-BF16's vdpbf16ps (bf16 weights and activations)
@@ -124,12 +126,15 @@ class Quantization:
     tied: str | None  # the linear (lm_head) that shares the embedding's packed tensors
     recipe: str  # "uniform": every module at `method`; "sensitive", "mixed": an int4 bundle's `int8_paths` at int8
     int8_paths: tuple[str, ...]  # modules (linears, the embedding) an int4 bundle's recipe holds at int8
+    int5_paths: tuple[str, ...]  # ...and at int5 (`mixed` in the integer family: Q4_K_M's Q5_0 fallback)
     scales: str  # how int4 scales and mins were chosen: "minmax" (the group's range) or "mse" (searched)
     kernel_rates: dict[str, float]  # each family's weight read rate (GB/s) on the largest weight at export
     kernel_noise: str | None  # why that timing was not trusted and the known-good family kept, or None
 
     def spec(self, path: str) -> QuantSpec:
         """The packing of the module at `path` (a linear or the embedding)."""
+        if self.method == INT4 and path in self.int5_paths:
+            return QuantSpec(INT5, self.group_size, self.kernels)
         if self.method == INT4 and path not in self.int8_paths:
             return QuantSpec(INT4, self.group_size, self.kernels)
         return QuantSpec(INT8, None, self.kernels)
@@ -323,6 +328,8 @@ def _upgraded(raw: dict) -> dict:
         raw = _from_9(raw)
     if version in (6, 7, 8, 9, 10, 11):
         raw = _from_11(raw)
+    if isinstance(version, int) and version <= 15:
+        raw = _from_15(raw)
     return raw
 
 
@@ -364,6 +371,12 @@ def _from_11(raw: dict) -> dict:
     if isinstance(graphs, list):
         graphs = [g | {"chunk": False} if isinstance(g, dict) else g for g in graphs]
     return raw | {"graphs": graphs, "chunk_tokens": 0}
+
+
+def _from_15(raw: dict) -> dict:
+    """Format 15 held no weight at int5."""
+    q = raw.get("quantization")
+    return raw | {"quantization": q | {"int5_paths": []}} if isinstance(q, dict) else raw
 
 
 def _lowerings_from_7(graph):
@@ -415,9 +428,9 @@ def _str_map(value) -> dict[str, str]:
 def _quantization(raw) -> Quantization:
     if not isinstance(raw, dict):
         raise TypeError(f"quantization must be a JSON object, got {type(raw).__name__}")
-    paths = {key: _list(raw.get(key)) for key in ("linears", "int8_paths")}
+    paths = {key: _list(raw.get(key)) for key in ("linears", "int8_paths", "int5_paths")}
     if not all(isinstance(path, str) for listed in paths.values() for path in listed):
-        raise TypeError("quantization linears and int8_paths must list module paths")
+        raise TypeError("quantization linears, int8_paths and int5_paths must list module paths")
     _numbers(raw.get("kernel_rates"), "quantization kernel_rates")
     if not isinstance(raw.get("kernel_noise"), (str, type(None))):
         raise TypeError(f"quantization kernel_noise must be text or null, got {raw.get('kernel_noise')!r:.80}")
@@ -607,7 +620,11 @@ def _check_quantization(q: Quantization) -> None:
     quantized = set(q.linears) | ({q.embedding} if q.embedding else set())
     if not set(q.int8_paths) <= quantized or (q.int8_paths and (q.method == INT8 or q.recipe == "uniform")):
         raise ManifestError("manifest quantization int8_paths must be quantized modules of a mixed int4 bundle")
-    if q.tied is not None and (q.tied in q.int8_paths) != (q.embedding in q.int8_paths):
+    if q.int5_paths and (not set(q.int5_paths) <= quantized or set(q.int5_paths) & set(q.int8_paths)):
+        raise ManifestError("manifest quantization int5_paths must be quantized modules not among int8_paths")
+    if q.int5_paths and (q.method != INT4 or q.recipe != "mixed" or q.kernels != INTEGER):
+        raise ManifestError("manifest quantization int5_paths belong to a mixed int4 bundle of the integer kernels")
+    if q.tied is not None and q.spec(q.tied) != q.spec(q.embedding):
         raise ManifestError("manifest quantization holds a tied lm_head and its embedding at different methods")
 
 

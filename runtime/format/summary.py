@@ -103,11 +103,16 @@ def _recipe(q) -> str:
     if q.method != "int4":
         return "every module at int8"
     scales = "scales fitted per group (mse)" if q.scales == "mse" else "scales from each group's range"
-    if not q.int8_paths:
+    if not q.int8_paths and not q.int5_paths:
         return f"{q.recipe}: every module at int4; {scales}"
-    kinds = Counter(path.rsplit(".", 1)[-1] for path in q.int8_paths)
-    held = ", ".join(f"{n}× {kind}" if n > 1 else kind for kind, n in sorted(kinds.items()))
-    return f"{q.recipe}: {len(q.int8_paths)} modules at int8 ({held}), the rest at int4; {scales}"
+    held = [(method, paths) for method, paths in (("int8", q.int8_paths), ("int5", q.int5_paths)) if paths]
+    return f"{q.recipe}: {', '.join(_held(m, paths) for m, paths in held)}, the rest at int4; {scales}"
+
+
+def _held(method: str, paths: tuple[str, ...]) -> str:
+    kinds = Counter(path.rsplit(".", 1)[-1] for path in paths)
+    listed = ", ".join(f"{n}× {kind}" if n > 1 else kind for kind, n in sorted(kinds.items()))
+    return f"{len(paths)} modules at {method} ({listed})"
 
 
 def _kernels(m: Manifest) -> str:

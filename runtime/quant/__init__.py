@@ -1,13 +1,14 @@
 """int8 and int4 quantization: the packed formats a bundle stores, and the math over them.
 
 What a quantized weight means, whichever kernel reads it: int8, `q * scale` with one scale per row;
-int4, `q * scale + min` with one pair per group of columns. Two kernel families compute a linear layer
+int4, `q * scale + min` with one pair per group of columns; int5 (some of an int4 bundle's weights, the
+integer family only), `(q - 16) * scale` with one scale per group. Two kernel families compute a linear layer
 over it (runtime.format.quant): the integer family quantizes the activations too, per block of 32, and
 multiplies integers in aotpack's C++ kernels (runtime.quant.native); the inductor family dequantizes
 the weight and multiplies in fp32, in Inductor-generated reductions.
 
 One module per scheme (`int8`, `int4`: the inductor family's packing, eager op and decode lowering
-candidates; `int8_dot`, `int4_dot`: the integer family's layout and eager op), registered by method and
+candidates; `int8_dot`, `int4_dot`, `int5_dot`: the integer family's layout and eager op), registered by method and
 family in `registry`; `modules` holds the stand-ins for `nn.Linear` and `nn.Embedding`; `kernels` the
 building blocks the Inductor lowerings share. The eager prefill runs each scheme's op, and the compiled
 decode reads the very same tensors, so eager prefill and compiled decode read one copy of every weight.

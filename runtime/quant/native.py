@@ -3,7 +3,7 @@
 Owns: loading the library a bundle carries (after checking that this CPU has the instructions it was
 compiled for: a missing one would kill the process with SIGILL), checking its interface version, and the
 eager calls the prefill makes through it (ctypes, which releases the GIL). The decode graphs call the
-same functions through their C shims (`aoti_torch_cpu_dot_linear_int8`, `..._int4`), linked by the
+same functions through their C shims (`aoti_torch_cpu_dot_linear_int8`, `..._int4`, `..._int5`), linked by the
 library's soname, so it is loaded here before any graph.
 
 The library is compiled by the exporter (exporter.kernels) from exporter/csrc; the runtime never
@@ -42,6 +42,7 @@ _ADDED = {
     "aotpack_linear_dpbf16": ([_P, _I32, _I, _I, _P, _I32, _I, _P], _I32),
     "aotpack_dpbf16_ready": ([], _I32),
     "aotpack_int8_tiles": ([_I, _I], _I32),
+    "aotpack_linear_int5": ([_P, _I32, _I, _I, _P, _P, _P, _I, _I, _P], _I32),
     "aotpack_decode_attention": (
         [_P, _I32, _P, _P, _P, _I32, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_float, _P],
         _I32,
@@ -180,6 +181,22 @@ def linear_int4(x, codes, scales, mins, group_size: int, lib: Library | None = N
         x2.data_ptr(), code, m, k, *(t.data_ptr() for t in tensors), group_size, codes.shape[0], y.data_ptr()
     )
     _checked(status, "int4")
+    return y.view(*x.shape[:-1], codes.shape[0])
+
+
+def linear_int5(x, codes, highs, scales, group_size: int, lib: Library | None = None) -> torch.Tensor:
+    """x (..., K) @ ((q - 16) * scale per group).T, q from nibbles and fifth bits, activations quantized per
+    block of 32."""
+    x2, code, m, k = _operands(x, (codes, highs, scales))
+    lib = lib or library()
+    if not hasattr(lib._lib, "aotpack_linear_int5"):
+        raise BundleError("this bundle's kernels.so predates the int5 kernel; re-export the bundle")
+    y = torch.empty(m, codes.shape[0], dtype=x.dtype)
+    tensors = [t.contiguous() for t in (codes, highs, scales)]
+    status = lib.aotpack_linear_int5(
+        x2.data_ptr(), code, m, k, *(t.data_ptr() for t in tensors), group_size, codes.shape[0], y.data_ptr()
+    )
+    _checked(status, "int5")
     return y.view(*x.shape[:-1], codes.shape[0])
 
 

@@ -5,7 +5,7 @@ weight) and dequantization, its eager op (what the prefill runs: `aotpack::woq_l
 inductor family, `aotpack::dot_linear_<method>` for the integer one), and for the inductor family the
 decode lowering candidates the exporter times and compiles in its place (the integer family's op stays
 in the graph and AOTInductor calls its C shim). Each scheme is one module (runtime.quant.int8, int4,
-int8_dot, int4_dot), registered by method and family in runtime.quant.registry.
+int8_dot, int4_dot, int5_dot), registered by method and family in runtime.quant.registry.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ class Scheme:
     dtypes: tuple[torch.dtype, ...]  # each buffer's dtype
     fields: int  # integers held by one element of the first buffer (its columns are cols / fields)
     grid: Callable[..., tuple[torch.Tensor, ...]]  # (spec, float (rows, cols)) -> (integers (rows, cols), *scales)
-    arrange: Callable[[torch.Tensor], torch.Tensor]  # integers (rows, cols) -> the first buffer, in its layout
+    # integers (rows, cols) -> the first buffer in its layout, or the integer buffers (int5's two: `planes`)
+    arrange: Callable[[torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]
     arrange_scales: Callable[[torch.Tensor], torch.Tensor] | None  # scales (rows, ...) -> their layout (None: as is)
     dequantize: Callable[..., torch.Tensor]  # (spec, *tensors, ids=None) -> fp32 (rows `ids`, default all; cols)
     op: Callable  # the eager op's overload: (x, *tensors, *op_extras(spec)) -> (..., rows)
@@ -36,10 +37,11 @@ class Scheme:
     grouped: bool = False  # scales (and mins) per group of columns, the group size an op argument
     c_shim: str | None = None  # the C declaration AOTInductor calls for `op` (the integer family)
     tiled: bool = False  # rows stored in tiles (runtime.quant.tiles): a row is read back through `dequantize`
+    planes: tuple[int, ...] = ()  # integers held by an element of each further integer buffer (int5's fifth bits: 8)
 
     @property
     def name(self) -> str:
-        """How lowerings name this scheme's weights: "int8", "int4" (inductor) or "int8-dot", "int4-dot"."""
+        """How lowerings name this scheme's weights: "int8", "int4" (inductor) or "int8-dot", "int4-dot", "int5-dot"."""
         return self.method if self.kernels == INDUCTOR else f"{self.method}-dot"
 
     def pack(self, spec: QuantSpec, weight: torch.Tensor, grid: tuple[torch.Tensor, ...] | None = None):
@@ -47,7 +49,8 @@ class Scheme:
         exporter's scale search), else this method's own."""
         q, *scales = grid if grid is not None else self.grid(spec, weight)
         arranged = [self.arrange_scales(t) for t in scales] if self.arrange_scales else scales
-        return (self.arrange(q), *arranged)
+        integers = self.arrange(q)
+        return (*(integers if isinstance(integers, tuple) else (integers,)), *arranged)
 
     def op_extras(self, spec: QuantSpec) -> tuple:
         return (spec.group_size,) if self.grouped else ()
@@ -58,7 +61,8 @@ class Scheme:
 
     def shapes(self, spec: QuantSpec, rows: int, cols: int) -> tuple[tuple[int, ...], ...]:
         scale = (rows, cols // spec.group_size) if self.grouped else (rows,)
-        return ((rows, cols // self.fields), *(scale for _ in self.tensors[1:]))
+        planes = tuple((rows, cols // fields) for fields in self.planes)
+        return ((rows, cols // self.fields), *planes, *(scale for _ in self.tensors[1 + len(planes) :]))
 
     def gather(self, spec: QuantSpec, tensors: tuple[torch.Tensor, ...], ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (n,) as fp32 (n, cols): the embedding lookup, traceable into the decode graph."""

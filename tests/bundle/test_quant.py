@@ -28,6 +28,10 @@ QUANTIZED = {  # preset -> export options: both methods, both kernel families, t
     "tiny-llama": ("--quantize", "int8", "--quant-kernels", "integer"),
     # the tiny models' width (64) is not a multiple of 256: `mixed` would hold every layer at int8
     "tiny-gemma3": ("--quantize", "int4", "--quant-kernels", "integer", "--recipe", "sensitive"),
+    # `mixed` (the default): every weight is narrower than 256 columns, so the integer family holds the
+    # sensitive ones (the last layer's v and down projections, the lm_head, the embedding) at int8 and the
+    # rest at int5 (llama.cpp's Q5_0 fallback); the window of 8 as well
+    "tiny-mistral": ("--quantize", "int4", "--quant-kernels", "integer"),
     # Inductor's kernels, with aotpack's native decode attention (the bundle then carries kernels.so for it
     # alone); one graph for all 4 rows, where the float VLM bundle has two: an int4 graph compiles in about 2 min
     "tiny-gemma3-vlm": (
@@ -240,6 +244,30 @@ def test_auto_times_both_kernel_families_and_keeps_the_faster(tmp_path):
     assert (family.built is not None) == (family.kernels == "integer")
     if family.built is not None:  # the faster build, as the manifest's record says
         assert (kernels.ONE_TILE in family.built.record.compiler) == (build == "one-tile")
+
+
+@pytest.mark.slow
+@_on("tiny-mistral")
+def test_mixed_int4_holds_q5_0s_weights_at_int5_in_the_compiled_step(runtime, capsys):
+    """The integer family's `mixed` recipe: Q4_K_M's Q5_0 weights at int5, its Q6_K ones at int8; each decode
+    graph calls the int5 kernel's C shim, and the eager int5 weights are the packed ones (parity with the
+    eager model: test_quantized_bundle_matches_its_eager_model)."""
+    from exporter.cli import main as aotpack
+    from runtime.quant import int5_dot
+
+    rt = runtime("tiny-mistral", *QUANTIZED["tiny-mistral"])
+    q = rt.manifest.quantization
+    assert q.recipe == "mixed" and set(q.int8_paths) == {
+        "lm_head", "model.embed_tokens", "model.layers.1.self_attn.v_proj", "model.layers.1.mlp.down_proj"
+    }  # fmt: skip
+    assert set(q.int5_paths) == set(q.linears) - set(q.int8_paths)
+    layer = rt.model.get_submodule("model.layers.0.self_attn.q_proj")
+    assert layer.packed.spec.method == "int5" and layer.packed.scheme is int5_dot.SCHEME
+    ops = {lw.op for graph in rt.manifest.graphs for lw in graph.lowerings}
+    assert ops == {"int5-dot", "int8-dot"}
+    assert aotpack(["inspect", str(rt.source)]) == 0
+    out = capsys.readouterr().out
+    assert "recipe     mixed: 4 modules at int8 (" in out and f"{len(q.int5_paths)} modules at int5 (" in out
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ import torch
 from helpers import isa_library
 
 from exporter import kernels
-from runtime.quant import INT4, INTEGER, QuantSpec, int4_dot, int8_dot, native, scheme, tiles
+from runtime.format.quant import INT5
+from runtime.quant import INT4, INTEGER, QuantSpec, int4_dot, int5_dot, int8_dot, native, scheme, tiles
 
 PATHS = ("scalar", "avx2", "avx-vnni", "avx512-vnni", "amx")  # amx: int8 calls of 5 to 32 rows on tiles (N >= 1024)
 # (M, K, N): N = 1, N within one 16-row tile, whole tiles and tiles with lone rows; K with a short last block
@@ -63,6 +64,21 @@ def _int4_reference(x, q_w, scales, mins, group, lib):
     return (products * d.double()[:, None] * sc).sum(-1) + ((d * s).double()[:, None] * mn).sum(-1)
 
 
+def _int5_reference(x, q_w, scales, group, lib):
+    q, d, _ = native.quantize_activations(x, lib)
+    m, k = x.shape
+    w = (q_w.double() - 16).view(len(q_w), -1, 32)
+    products = torch.einsum("mbi,nbi->mnb", q.double().view(m, -1, 32), w)
+    return (products * d.double()[:, None] * scales.double().repeat_interleave(group // 32, 1)).sum(-1)
+
+
+def _int5(n: int, k: int, group: int, g: torch.Generator):
+    """Random int5 integers (n, k) and fp16 scales of both signs (n, k / group), and their packed operands."""
+    q = torch.randint(0, 32, (n, k), generator=g)
+    scales = torch.randn(n, k // group, generator=g).half()
+    return q, scales, (*int5_dot.arrange(q), tiles.tile_rows(scales))
+
+
 def _close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
     scale = expected.abs().max().item()
     tolerance = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 1e-3}[dtype]
@@ -104,6 +120,16 @@ def test_int4_kernel_matches_fp64(lib, m, k, n, group, dtype):
     _close(got, _int4_reference(x, q_w, scales, mins, group, lib), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("m", "k", "n", "group"), GROUPED)
+def test_int5_kernel_matches_fp64(lib, m, k, n, group, dtype):
+    g = torch.Generator().manual_seed(m * k + n + group + 5)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    q_w, scales, packed = _int5(n, k, group, g)
+    got = native.linear_int5(x, *packed, group, lib)
+    _close(got, _int5_reference(x, q_w, scales, group, lib), dtype)
+
+
 def test_a_row_computes_the_same_bits_in_any_batch(lib):
     """Prefill (many rows) and decode (one) run one kernel: a row's output cannot depend on its batch, nor on
     how the kernel groups rows and tiles into passes (71 tiles and 5 lone rows: passes of 8, 4, 2 and 1
@@ -117,6 +143,8 @@ def test_a_row_computes_the_same_bits_in_any_batch(lib):
     q4 = int4_dot.arrange(torch.randint(0, 16, (n, 96), generator=g))
     s4, m4 = tiles.tile_rows(torch.rand(n, 3).bfloat16()), tiles.tile_rows(torch.randn(n, 3).bfloat16())
     batch8, batch4 = native.linear_int8(x, codes, scales, lib), native.linear_int4(x, q4, s4, m4, 32, lib)
+    q5 = _int5(n, 96, 32, g)[2]
+    batch5 = native.linear_int5(x, *q5, 32, lib)
     threads = torch.get_num_threads()
     try:
         for count in (threads, 1):
@@ -125,6 +153,7 @@ def test_a_row_computes_the_same_bits_in_any_batch(lib):
                 part = slice(i, i + rows)
                 assert torch.equal(native.linear_int8(x[part], codes, scales, lib), batch8[part])
                 assert torch.equal(native.linear_int4(x[part], q4, s4, m4, 32, lib), batch4[part])
+                assert torch.equal(native.linear_int5(x[part], *q5, 32, lib), batch5[part])
     finally:
         torch.set_num_threads(threads)
 
@@ -162,6 +191,8 @@ def test_tiled_layouts_read_back_every_row(n, k):
     if k % 32 == 0:
         q4 = torch.randint(0, 16, (n, k), generator=g)
         assert torch.equal(int4_dot.rows(int4_dot.arrange(q4), ids).long(), q4[ids])
+        q5 = torch.randint(0, 32, (n, k), generator=g)
+        assert torch.equal(int5_dot.rows(*int5_dot.arrange(q5), ids).long(), q5[ids])
 
 
 def test_a_tile_holds_its_16_rows_in_the_lanes_of_each_group_of_4_columns():
@@ -174,6 +205,47 @@ def test_a_tile_holds_its_16_rows_in_the_lanes_of_each_group_of_4_columns():
     nibbles = int4_dot.arrange(q % 16).view(-1)
     assert nibbles[:64].view(16, 4).tolist() == ((q[:, :4] % 16) | ((q[:, 4:8] % 16) << 4)).tolist()
     assert nibbles[64:128].view(16, 4).tolist() == ((q[:, 8:12] % 16) | ((q[:, 12:16] % 16) << 4)).tolist()
+
+
+def test_int5_fifth_bits_follow_each_code_vector_as_a_64_bit_mask():
+    """int5: the low nibbles are int4's codes; each block's 64 bytes of fifth bits hold, for each 64-byte code
+    load, 64 bits for its low nibbles' vector then 64 for its high nibbles', bit i the fifth bit of the
+    vector's byte i (lane i / 4, column i % 4 of the group); a lone row's bits are in column order."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randint(0, 32, (17, 64), generator=g)
+    codes, highs = int5_dot.arrange(q)
+    assert torch.equal(codes, int4_dot.arrange(q % 16))
+    bits = torch.tensor(highs[:16].reshape(-1).tolist(), dtype=torch.uint8)  # the tile's 2 blocks * 64 bytes
+    masks = bits.view(-1, 8).numpy().view("<u8").reshape(-1).tolist()  # 16 masks of 64 bits
+    for mask_index, mask in enumerate(masks):
+        block, p, half = mask_index // 8, mask_index % 8 // 2, mask_index % 2
+        for i in range(64):
+            column = 32 * block + 8 * p + 4 * half + i % 4
+            assert (mask >> i) & 1 == int(q[i // 4, column]) >> 4
+    lone = sum(int(byte) << (8 * j) for j, byte in enumerate(highs[16].tolist()))
+    assert [(lone >> c) & 1 for c in range(64)] == (q[16] >> 4).tolist()
+
+
+def test_int5_grid_is_q5_0s_and_keeps_a_weight_on_that_grid_exactly():
+    """llama.cpp's quantize_row_q5_0: the group's value of largest magnitude (its sign kept) maps to q = 0,
+    the scale stored in fp16; a weight already on such a grid (as the PyPI GGUF's Q5_0 tensors are) comes
+    back bit for bit, and an all-zero group is zero."""
+    g = torch.Generator().manual_seed(12)
+    signs = torch.tensor([1.0, -1.0]).repeat(12).view(6, 4)
+    steps = (torch.rand(6, 4, generator=g) * 0.02 + 0.001).half().float() * signs  # exact in fp16
+    q = torch.randint(0, 32, (6, 4, 32), generator=g)
+    q[..., 7] = 0  # -16 steps: the group's largest magnitude
+    weight = ((q - 16) * steps[..., None]).view(6, 128)
+    weight[5, :32] = 0
+    spec = QuantSpec(INT5, 32, INTEGER)
+    packed = scheme(spec).pack(spec, weight)
+    assert torch.equal(scheme(spec).dequantize(spec, *packed), weight)
+    ids = torch.tensor([5, 0, 3])
+    assert torch.equal(scheme(spec).gather(spec, packed, ids), weight[ids])
+    w = torch.randn(3, 64, generator=g)
+    integers, scales = int5_dot.grid(spec, w)
+    extreme = w.view(3, 2, 32).gather(-1, w.view(3, 2, 32).abs().argmax(-1, keepdim=True)).squeeze(-1)
+    assert torch.equal(scales, (extreme / -16).half()) and integers.min() >= 0 and integers.max() <= 31
 
 
 @pytest.mark.parametrize(
@@ -194,6 +266,8 @@ def test_every_instruction_path_computes_the_same_bits(lib, k, group, dtype):
         s4, m4 = (tiles.tile_rows(torch.rand(n, k // group).bfloat16()) for _ in range(2))
         expected = native.linear_int4(x, q4, s4, m4, group, reference)
         assert torch.equal(native.linear_int4(x, q4, s4, m4, group, lib), expected)
+        q5 = _int5(n, k, group, g)[2]
+        assert torch.equal(native.linear_int5(x, *q5, group, lib), native.linear_int5(x, *q5, group, reference))
 
 
 def test_a_lone_row_computes_what_a_tile_lane_does(lib):
@@ -212,6 +286,11 @@ def test_a_lone_row_computes_what_a_tile_lane_does(lib):
     whole = native.linear_int4(
         x4, int4_dot.arrange(torch.cat([q4, q4[:15]])), tiles.tile_rows(s4), tiles.tile_rows(m4), 32, lib
     )
+    assert torch.equal(lone[:, 16], whole[:, 16])
+    q5 = torch.randint(0, 32, (17, 128), generator=g)
+    s5 = torch.randn(32, 4, generator=g).half()
+    lone = native.linear_int5(x4, *int5_dot.arrange(q5), tiles.tile_rows(s5[:17]), 32, lib)
+    whole = native.linear_int5(x4, *int5_dot.arrange(torch.cat([q5, q5[:15]])), tiles.tile_rows(s5), 32, lib)
     assert torch.equal(lone[:, 16], whole[:, 16])
 
 

@@ -56,6 +56,8 @@ quantizations = st.none() | st.builds(
         linears[-1] if embedding else None,
         "mixed" if mixed and method == "int4" else "uniform",
         (linears[-1], *([embedding] if embedding else [])) if mixed and method == "int4" else (),
+        # the integer family's mixed int4 holds Q5_0's weights at int5
+        tuple(p for p in linears[:-1][:1] if p != embedding and mixed and (method, kernels) == ("int4", "integer")),
         "mse" if method == "int4" else "minmax",
         rates,
         "the timing was noise (the export had 31% of its cores)" if rates and mixed else None,
@@ -579,6 +581,45 @@ def test_int8_paths_belong_to_a_mixed_int4_bundle(manifest):
     raw["quantization"]["int8_paths"] = ["not.a.quantized.module"]
     with pytest.raises(ManifestError, match="int8_paths must be quantized modules of a mixed int4 bundle"):
         Manifest.from_json(_with_digest(raw))
+
+
+@given(manifests())
+@settings(max_examples=30)
+def test_int5_paths_belong_to_a_mixed_int4_bundle_of_the_integer_kernels(manifest):
+    """int5 weights: quantized modules, none also at int8, in a mixed int4 bundle whose kernels read int5
+    (Inductor's have none); a tied lm_head and its embedding at one method."""
+    raw = json.loads(manifest.to_json())
+    q = raw["quantization"]
+    if q is None:
+        return
+    for paths, why in (
+        (["not.a.quantized.module"], "int5_paths must be quantized modules not among int8_paths"),
+        (q["int8_paths"][:1], "int5_paths must be quantized modules not among int8_paths"),
+    ):
+        if paths:
+            with pytest.raises(ManifestError, match=why):
+                Manifest.from_json(_with_digest(raw | {"quantization": q | {"int5_paths": paths}}))
+    held = [p for p in q["linears"] if p not in q["int8_paths"] and p != q["tied"]][:1]
+    if held and not (q["method"] == "int4" and q["recipe"] == "mixed" and q["kernels"] == "integer"):
+        with pytest.raises(ManifestError, match="int5_paths belong to a mixed int4 bundle of the integer kernels"):
+            Manifest.from_json(_with_digest(raw | {"quantization": q | {"int5_paths": held}}))
+    if q["tied"] and q["method"] == "int4" and q["recipe"] == "mixed" and q["kernels"] == "integer":
+        tied = q | {"int8_paths": [], "int5_paths": [q["tied"]]}  # the embedding stays at int4
+        with pytest.raises(ManifestError, match="tied lm_head and its embedding at different methods"):
+            Manifest.from_json(_with_digest(raw | {"quantization": tied}))
+
+
+@given(manifests())
+@settings(max_examples=20)
+def test_a_format_15_manifest_reads_with_no_int5_weight(manifest):
+    raw = json.loads(manifest.to_json())
+    if raw["quantization"] is None:
+        return
+    raw["quantization"].pop("int5_paths")
+    read = Manifest.from_json(_with_digest(raw | {"format_version": 15}))
+    assert read.quantization.int5_paths == () and read.format_version == 15
+    for path in read.quantization.linears:
+        assert read.quantization.spec(path).method != "int5"
 
 
 @given(manifests())

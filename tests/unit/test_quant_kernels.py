@@ -10,7 +10,7 @@ import torch
 from exporter import kernels, scales
 from exporter.config import ExportConfig
 from exporter.lowering import CANDIDATES, LINEAR
-from exporter.quantize import int8_paths, more_bits
+from exporter.quantize import held_paths, more_bits
 from runtime.errors import ExportError
 from runtime.format.manifest import BF16_LOWERINGS
 from runtime.quant import (
@@ -149,19 +149,23 @@ def test_use_more_bits_picks_llama_cpps_layers():
     assert [i for i in range(18) if more_bits(i, 18)] == [0, 1, 4, 7, 10, 13, 15, 16, 17]
 
 
-def test_recipes_hold_what_llama_cpp_gives_more_bits_at_int8():
+def test_recipes_hold_what_llama_cpp_gives_more_bits():
+    """`sensitive` holds Q4_K_M's Q6_K tensors (lm_head, embedding, the picked layers' v and down projections)
+    at int8; `mixed` adds the other weights whose width is not a multiple of 256 (Q4_K_M's Q5_0 fallback),
+    which held_paths returns apart: the integer family holds them at int5."""
     linears = {
         f"model.layers.{i}.{kind}": torch.nn.Linear(width, 8)
         for i in range(8)
         for kind, width in (("self_attn.q_proj", 640), ("self_attn.v_proj", 640), ("mlp.down_proj", 2048))
     } | {"lm_head": torch.nn.Linear(640, 8)}
     picked = {i for i in range(8) if more_bits(i, 8)}  # 0, 3, 6, 7
-    sensitive = set(int8_paths("sensitive", linears, "model.embed_tokens", "lm_head", 8))
+    six, five = held_paths("sensitive", linears, "model.embed_tokens", "lm_head", 8)
     expected = {f"model.layers.{i}.{k}" for i in picked for k in ("self_attn.v_proj", "mlp.down_proj")}
-    assert sensitive == expected | {"lm_head", "model.embed_tokens"}
-    mixed = set(int8_paths("mixed", linears, "model.embed_tokens", "lm_head", 8))  # + every 640-wide weight
-    assert mixed == sensitive | {p for p, m in linears.items() if m.in_features % 256}
-    assert int8_paths("uniform", linears, "model.embed_tokens", "lm_head", 8) == ()
+    assert set(six) == expected | {"lm_head", "model.embed_tokens"} and five == ()
+    mixed_six, mixed_five = held_paths("mixed", linears, "model.embed_tokens", "lm_head", 8)
+    assert mixed_six == six
+    assert set(mixed_five) == {p for p, m in linears.items() if m.in_features % 256} - set(six)
+    assert held_paths("uniform", linears, "model.embed_tokens", "lm_head", 8) == ((), ())
 
 
 def test_scale_search_recovers_a_grid_and_never_fits_worse_than_the_range():
@@ -182,3 +186,23 @@ def test_scale_search_recovers_a_grid_and_never_fits_worse_than_the_range():
     for name, (q2, s2, m2) in (("mse", scales.search(spec, weight)), ("range", int4.grid(spec, weight))):
         err[name] = (int4.values(spec, q2, s2, m2) - weight).pow(2).sum().item()
     assert err["mse"] < err["range"]
+
+
+@pytest.mark.parametrize("family", ["integer", "inductor"])
+def test_mixed_holds_q5_0s_weights_at_int5_only_where_the_kernels_read_it(family):
+    """`mixed` on a model of 64-wide weights: the integer family holds the weights Q4_K_M gives Q5_0 at int5;
+    Inductor's family, which has no int5, at int8, as every `mixed` bundle did before format 16."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from exporter.quantize import plan, quantize_model
+
+    config = MistralConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
+    model = MistralForCausalLM(config)
+    q = plan(model, QuantSpec(INT4, 32, family), "mixed", "mse")
+    six = {"lm_head", "model.embed_tokens", "model.layers.1.self_attn.v_proj", "model.layers.1.mlp.down_proj"}
+    held = set(q.linears) - six
+    assert (set(q.int8_paths), set(q.int5_paths)) == ((six, held) if family == "integer" else (six | held, set()))
+    quantize_model(model, q)
+    methods = {model.get_submodule(path).packed.spec.method for path in held}
+    assert methods == {"int5" if family == "integer" else "int8"}
