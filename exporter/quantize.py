@@ -14,7 +14,8 @@ int4 recipes, each holding some modules at more bits (llama.cpp's choices in lla
 - `mixed` (the default): those, and every other weight whose input width is not a multiple of 256. Q4_K
   needs 256-column super-blocks, and Q4_K_M falls back to Q5_0 for such weights, so on models with such
   widths (Gemma 3 270M's 640, SmolLM2's 576) most of Q4_K_M is 5-bit. The integer family holds them at
-  int5, as Q5_0 (runtime.quant.int5_dot); Inductor's family, which has no int5, at int8;
+  int5, as Q5_0 (runtime.quant.int5_dot: groups of 32 whatever --group-size says, as Q5_0's blocks);
+  Inductor's family, which has no int5, at int8, as it does a width that is not whole blocks of 32;
 - `uniform`: every module at int4.
 The int4 modules get scales searched per group (exporter.scales); int5 takes Q5_0's grid, which keeps a
 weight that is already on one (the PyPI Gemma 3 270M's Q5_0 tensors) exactly.
@@ -29,7 +30,7 @@ from torch import nn
 from exporter import scales
 from runtime.errors import ExportError
 from runtime.format.manifest import Quantization
-from runtime.format.quant import INT5, INTEGER, LAYOUTS
+from runtime.format.quant import INT5, INT5_GROUP, INTEGER, LAYOUTS
 from runtime.quant import INT4, INT8, PackedWeight, QuantizedEmbedding, QuantizedLinear, QuantSpec
 
 SUPER_BLOCK = 256  # columns of llama.cpp's K-quant super-block: narrower rows fall back to more bits
@@ -74,8 +75,9 @@ def plan(model: nn.Module, spec: QuantSpec, recipe: str, scale_search: str) -> Q
     layers = model.config.get_text_config().num_hidden_layers
     int4 = spec.method == INT4
     six, five = held_paths(recipe, linears, paths[id(embedding)], head, layers) if int4 else ((), ())
-    # Inductor's family has no int5: Q5_0's weights go to int8 there
-    kept, five = (six, five) if spec.kernels == INTEGER else ((*six, *five), ())
+    # Inductor's family has no int5, nor does a width that is not whole blocks of 32: int8 there
+    five_ok = tuple(p for p in five if spec.kernels == INTEGER and linears[p].in_features % INT5_GROUP == 0)
+    kept, five = (*six, *(p for p in five if p not in five_ok)), five_ok
     bad = sorted(p for p, m in linears.items() if not _spec(spec, p, kept, five).accepts(m.in_features))
     if bad:
         raise ExportError(
@@ -104,7 +106,7 @@ def plan(model: nn.Module, spec: QuantSpec, recipe: str, scale_search: str) -> Q
 
 def _spec(spec: QuantSpec, path: str, kept, five) -> QuantSpec:
     if path in five:
-        return QuantSpec(INT5, spec.group_size, spec.kernels)
+        return QuantSpec(INT5, INT5_GROUP, spec.kernels)
     return spec if path not in kept else QuantSpec(INT8, None, spec.kernels)
 
 

@@ -60,7 +60,7 @@ def bench_batch1(config: BenchConfig, log=print) -> dict:
         variants = {}
         for variant in config.variants:
             variants[variant] = _prepare_variant(config, variant, checkpoint, prompt, Path(tmp), results, log)
-            _keep_partial(results, config.out)  # an hour's runs survive a later variant's failure
+            _keep_partial(results, config.out)  # the builds and perplexities survive a later variant's failure
         for round_ in range(config.rounds):
             for variant, (paths, step) in variants.items():
                 _bench_round(config, variant, round_, paths, step, prompt, Path(tmp), results, log)

@@ -35,7 +35,7 @@ struct Int5 {
   template <int R, int T, bool Fetch>
   static void block_dots(const Activations& a, const uint8_t* wb, const uint8_t* hb, int64_t span,
                          int64_t high_span, int64_t m, int64_t b, IntLanes* dots) {
-    for (int i = 0; i < T * R; i++) dots[i] = int_lanes(int32_t(-16 * a.s[(m + i % R) * a.nb + b]));
+    for (int i = 0; i < T * R; i++) dots[i] = int_lanes(minus_16_times(a.s[(m + i % R) * a.nb + b]));
     for (int p = 0; p < BLOCK_BYTES / GROUP; p++) {
       for (int t = 0; t < T; t++) {
         if constexpr (Fetch) {
@@ -88,12 +88,14 @@ struct Int5 {
     for (int64_t g = 0; g < G; g++) {
       float sum = 0.0f;
       for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
-        int32_t dot = -16 * a.s[m * a.nb + b];
+        // sum (q - 16) x: the lanes' -16 s + sum q x for a block of finite values (|sum| <= 32 * 16 * 128),
+        // and no overflow where a NaN made s meaningless (the row is NaN then either way)
+        int32_t dot = 0;
         for (int i = 0; i < BLOCK; i++) {  // nibbles as int4.cpp's lone row; the fifth bit in column order
           const int64_t c = b * BLOCK + i;
           const uint8_t byte = row[b * BLOCK_BYTES + 4 * (i / 8) + i % 4];
           const int32_t q = ((i % 8 < 4 ? byte : byte >> 4) & 15) | (((bits[c >> 3] >> (c & 7)) & 1) << 4);
-          dot += q * x[c];
+          dot += (q - 16) * x[c];
         }
         sum = std::fma(float(dot), a.d[m * a.nb + b], sum);
       }

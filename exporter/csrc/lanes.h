@@ -43,6 +43,7 @@ inline void prefetch(const void* p) {
 // -128 * s, wrapping as the vector sums do: a block holding a NaN has a meaningless sum s (and a NaN step,
 // which makes its row NaN), and signed overflow would be undefined behaviour.
 inline int32_t minus_128_times(int32_t s) { return int32_t(0u - 128u * uint32_t(s)); }
+inline int32_t minus_16_times(int32_t s) { return int32_t(0u - 16u * uint32_t(s)); }  // int5's offset, alike
 
 // An activation row's 4 signed bytes of group g of block b: what every lane multiplies its 4 bytes with.
 inline int32_t x4(const Activations& a, int64_t m, int64_t b, int64_t g) {
@@ -173,8 +174,8 @@ inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
   return {dpbusd(acc.lo, w.lo, xv), dpbusd(acc.hi, w.hi, xv)};
 }
 #else
-// maddubs sums pairs of unsigned * signed bytes into int16: at most 2 * 15 * 127 for int4's nibbles, so
-// no pair saturates.
+// maddubs sums pairs of unsigned * signed bytes into int16: at most 2 * 15 * 128 for int4's nibbles and
+// 2 * 31 * 128 for int5's five bits, so no pair saturates.
 inline IntLanes dot(IntLanes acc, ByteLanes w, int32_t x) {
   const __m256i xv = _mm256_set1_epi32(x), one = _mm256_set1_epi16(1);
   return {_mm256_add_epi32(acc.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(w.lo, xv), one)),
@@ -333,7 +334,7 @@ void rows(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m
 // even share per thread (then the rows past the last whole tile, one at a time); a share goes a few tiles
 // at a time (tiles_a_pass), which meet the activation rows in chunks of 64, which stay in L2 while the
 // weights stream past, and a chunk's rows a few at a time (the scheme's MR), which share each weight vector
-// loaded (S::WIDE of them a pass in calls of up to WIDE_ROWS). `S` (int8.cpp, int4.cpp) provides
+// loaded (S::WIDE of them a pass in calls of up to WIDE_ROWS). `S` (int8.cpp, int4.cpp, int5.cpp) provides
 // pass<R, T, Fetch>(a, n0, m, out): R activation rows' lanes against the T tiles from row n0 into
 // out[t * R + r] (`Fetch`: prefetch the tiles that follow), and lone<D>(a, n, m, N, y): y[m, n] for a row past
 // the last whole tile.

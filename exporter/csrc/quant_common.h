@@ -1,4 +1,4 @@
-// aotpack's integer decode kernels: what the int8 and int4 schemes share.
+// aotpack's integer decode kernels: what the int8, int4 and int5 schemes share.
 //
 // Owns: the activation format (each row of x cut into blocks of 32 columns, each block quantized to int8
 // with its own fp32 step, as llama.cpp's Q8_0), conversion to and from the activation dtypes, and the
@@ -92,7 +92,7 @@ template <int D> inline void store_from_f32(void* y, int64_t i, float v) {
 
 // Activations quantized per block of 32: q (M, blocks * 32) int8, zero past K; d (M, blocks) the steps,
 // NaN where the block held a NaN or an infinity, so the output is NaN as a float kernel's would be;
-// s (M, blocks) each block's sum of q (the int4 scheme's min term needs it).
+// s (M, blocks) each block's sum of q (int8's and int5's offsets and int4's min term need it).
 struct Activations {
   int64_t M = 0, K = 0, nb = 0;
   std::vector<int8_t> q;

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from runtime.errors import ManifestError
 from runtime.format.files import DECODE, DECODE_ONNX, KERNELS, json_digest
 from runtime.format.layout import FULL, SLIDING, LayerLayout
-from runtime.format.quant import INT4, INT5, INT8, INTEGER, LAYOUTS, QuantSpec
+from runtime.format.quant import INT4, INT5, INT5_GROUP, INT8, INTEGER, LAYOUTS, QuantSpec
 from runtime.version import AOTPACK_VERSION  # noqa: F401 (re-exported: the manifest records it)
 
 # 2: weights stored under module paths (with aliases for tied tensors), quantization, the decode step's
@@ -124,7 +124,8 @@ class Quantization:
     linears: tuple[str, ...]  # module paths of the quantized linear layers
     embedding: str | None  # module path of the quantized token embedding
     tied: str | None  # the linear (lm_head) that shares the embedding's packed tensors
-    recipe: str  # "uniform": every module at `method`; "sensitive", "mixed": an int4 bundle's `int8_paths` at int8
+    recipe: str  # "uniform": every module at `method`; "sensitive", "mixed": an int4 bundle's `int8_paths` at
+    # int8 ("mixed" of the integer family: its `int5_paths` at int5 too)
     int8_paths: tuple[str, ...]  # modules (linears, the embedding) an int4 bundle's recipe holds at int8
     int5_paths: tuple[str, ...]  # ...and at int5 (`mixed` in the integer family: Q4_K_M's Q5_0 fallback)
     scales: str  # how int4 scales and mins were chosen: "minmax" (the group's range) or "mse" (searched)
@@ -134,7 +135,7 @@ class Quantization:
     def spec(self, path: str) -> QuantSpec:
         """The packing of the module at `path` (a linear or the embedding)."""
         if self.method == INT4 and path in self.int5_paths:
-            return QuantSpec(INT5, self.group_size, self.kernels)
+            return QuantSpec(INT5, INT5_GROUP, self.kernels)
         if self.method == INT4 and path not in self.int8_paths:
             return QuantSpec(INT4, self.group_size, self.kernels)
         return QuantSpec(INT8, None, self.kernels)
@@ -601,6 +602,8 @@ def _check_chunk(m: Manifest) -> None:
 
 
 def _check_quantization(q: Quantization) -> None:
+    if q.int5_paths and (q.method != INT4 or q.recipe != "mixed" or q.kernels != INTEGER):
+        raise ManifestError("manifest quantization int5_paths belong to a mixed int4 bundle of the integer kernels")
     try:
         for path in (*q.linears, *((q.embedding,) if q.embedding else ())):
             q.spec(path)
@@ -622,8 +625,6 @@ def _check_quantization(q: Quantization) -> None:
         raise ManifestError("manifest quantization int8_paths must be quantized modules of a mixed int4 bundle")
     if q.int5_paths and (not set(q.int5_paths) <= quantized or set(q.int5_paths) & set(q.int8_paths)):
         raise ManifestError("manifest quantization int5_paths must be quantized modules not among int8_paths")
-    if q.int5_paths and (q.method != INT4 or q.recipe != "mixed" or q.kernels != INTEGER):
-        raise ManifestError("manifest quantization int5_paths belong to a mixed int4 bundle of the integer kernels")
     if q.tied is not None and q.spec(q.tied) != q.spec(q.embedding):
         raise ManifestError("manifest quantization holds a tied lm_head and its embedding at different methods")
 

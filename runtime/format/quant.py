@@ -26,6 +26,7 @@ INT5 = "int5"  # an int4 bundle's 5-bit weights (llama.cpp's Q5_0): the integer 
 METHODS = (INT8, INT4)  # a bundle's method (--quantize)
 WEIGHT_METHODS = (*METHODS, INT5)  # a weight's: an int4 bundle holds some at int8 or int5 (its recipe)
 GROUPED = (INT4, INT5)  # the methods with a scale per group of columns
+INT5_GROUP = 32  # int5's columns per scale, whatever the bundle's int4 group size: Q5_0's block
 INTEGER = "integer"
 INDUCTOR = "inductor"
 KERNELS = (INTEGER, INDUCTOR)

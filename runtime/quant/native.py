@@ -188,6 +188,17 @@ def linear_int5(x, codes, highs, scales, group_size: int, lib: Library | None = 
     """x (..., K) @ ((q - 16) * scale per group).T, q from nibbles and fifth bits, activations quantized per
     block of 32."""
     x2, code, m, k = _operands(x, (codes, highs, scales))
+    n = codes.shape[0] if codes.dim() == 2 else -1
+    if (
+        codes.dtype != torch.uint8 or highs.dtype != torch.uint8 or scales.dtype != torch.float16
+        or codes.shape != (n, k // 2) or highs.shape != (n, k // 8) or group_size < 32 or k % group_size
+        or scales.shape != (n, k // group_size)
+    ):  # fmt: skip
+        raise ValueError(
+            f"aotpack's int5 kernel takes uint8 codes (N, {k // 2}), uint8 highs (N, {k // 8}) and fp16 scales "
+            f"(N, {k} / group), got {tuple(codes.shape)} {codes.dtype}, {tuple(highs.shape)} {highs.dtype}, "
+            f"{tuple(scales.shape)} {scales.dtype} and group {group_size}"
+        )
     lib = lib or library()
     if not hasattr(lib._lib, "aotpack_linear_int5"):
         raise BundleError("this bundle's kernels.so predates the int5 kernel; re-export the bundle")

@@ -1,6 +1,6 @@
 """The integer family's row tiles: weight rows stored 16 at a time, one to each lane of a vector.
 
-Owns the tile arithmetic both integer schemes share (exporter/csrc/quant_common.h, TILE, GROUP): a tile's
+Owns the tile arithmetic the integer schemes share (exporter/csrc/quant_common.h, TILE, GROUP): a tile's
 16 rows are written block by block, and within a block a few columns at a time (a group), the 16 rows'
 elements of a group one after another, so one vector load gives every row's group and the kernel reads a
 tile as one sequential run (a row of a few hundred bytes alone is too short for the CPU's prefetcher to

@@ -26,7 +26,7 @@ from runtime.quant import QuantizedLinear
 
 QUANTIZED = {  # preset -> export options: both methods, both kernel families, three families, a window, images
     "tiny-llama": ("--quantize", "int8", "--quant-kernels", "integer"),
-    # the tiny models' width (64) is not a multiple of 256: `mixed` would hold every layer at int8
+    # the tiny models' width (64) is not a multiple of 256: `mixed` would hold every layer at int5 or int8
     "tiny-gemma3": ("--quantize", "int4", "--quant-kernels", "integer", "--recipe", "sensitive"),
     # `mixed` (the default): every weight is narrower than 256 columns, so the integer family holds the
     # sensitive ones (the last layer's v and down projections, the lm_head, the embedding) at int8 and the

@@ -294,6 +294,16 @@ def test_a_lone_row_computes_what_a_tile_lane_does(lib):
     assert torch.equal(lone[:, 16], whole[:, 16])
 
 
+def test_int5_operands_of_the_wrong_shape_are_refused_before_the_kernel_reads_them():
+    x = torch.randn(2, 64)
+    codes, highs = int5_dot.arrange(torch.randint(0, 32, (16, 64)))
+    scales = tiles.tile_rows(torch.rand(16, 2).half())
+    for bad in ((codes, highs[:, :4], scales, 32), (codes, highs, scales[:8], 32), (codes, highs, scales.float(), 32),
+                (codes, highs, scales, 64), (codes, highs, scales, 0)):  # fmt: skip
+        with pytest.raises(ValueError, match="int5 kernel takes uint8 codes"):
+            native.linear_int5(x, *bad)
+
+
 def test_int8_codes_outside_the_symmetric_grid_are_refused():
     with pytest.raises(ValueError, match="-127..127, got -128"):
         int8_dot.arrange(torch.tensor([[-128, 5]], dtype=torch.int8))

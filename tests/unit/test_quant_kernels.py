@@ -188,9 +188,10 @@ def test_scale_search_recovers_a_grid_and_never_fits_worse_than_the_range():
     assert err["mse"] < err["range"]
 
 
-@pytest.mark.parametrize("family", ["integer", "inductor"])
-def test_mixed_holds_q5_0s_weights_at_int5_only_where_the_kernels_read_it(family):
-    """`mixed` on a model of 64-wide weights: the integer family holds the weights Q4_K_M gives Q5_0 at int5;
+@pytest.mark.parametrize(("family", "group"), [("integer", 32), ("integer", 128), ("inductor", 32)])
+def test_mixed_holds_q5_0s_weights_at_int5_only_where_the_kernels_read_it(family, group):
+    """`mixed` on a model of 64-wide weights: the integer family holds the weights Q4_K_M gives Q5_0 at int5,
+    in groups of 32 whatever the int4 group size (Q5_0's blocks: 64 columns are not a group of 128);
     Inductor's family, which has no int5, at int8, as every `mixed` bundle did before format 16."""
     from transformers import MistralConfig, MistralForCausalLM
 
@@ -199,10 +200,10 @@ def test_mixed_holds_q5_0s_weights_at_int5_only_where_the_kernels_read_it(family
     config = MistralConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
     model = MistralForCausalLM(config)
-    q = plan(model, QuantSpec(INT4, 32, family), "mixed", "mse")
+    q = plan(model, QuantSpec(INT4, group, family), "mixed", "mse")
     six = {"lm_head", "model.embed_tokens", "model.layers.1.self_attn.v_proj", "model.layers.1.mlp.down_proj"}
     held = set(q.linears) - six
     assert (set(q.int8_paths), set(q.int5_paths)) == ((six, held) if family == "integer" else (six | held, set()))
     quantize_model(model, q)
-    methods = {model.get_submodule(path).packed.spec.method for path in held}
-    assert methods == {"int5" if family == "integer" else "int8"}
+    specs = {model.get_submodule(path).packed.spec for path in held}
+    assert specs == {QuantSpec("int5", 32, family) if family == "integer" else QuantSpec("int8", None, family)}
