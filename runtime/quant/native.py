@@ -175,6 +175,17 @@ def linear_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lib:
 def linear_int4(x, codes, scales, mins, group_size: int, lib: Library | None = None) -> torch.Tensor:
     """x (..., K) @ (nibbles * scale + min per group).T, activations quantized per block of 32."""
     x2, code, m, k = _operands(x, (codes, scales, mins))
+    n = codes.shape[0] if codes.dim() == 2 else -1
+    if (
+        codes.dtype != torch.uint8 or scales.dtype != torch.bfloat16 or mins.dtype != torch.bfloat16
+        or codes.shape != (n, k // 2) or group_size < 32 or k % group_size
+        or scales.shape != (n, k // group_size) or mins.shape != scales.shape
+    ):  # fmt: skip
+        raise ValueError(
+            f"aotpack's int4 kernel takes uint8 codes (N, {k // 2}) and bf16 scales and mins (N, {k} / group), got "
+            f"{tuple(codes.shape)} {codes.dtype}, {tuple(scales.shape)} {scales.dtype}, {tuple(mins.shape)} "
+            f"{mins.dtype} and group {group_size}"
+        )
     y = torch.empty(m, codes.shape[0], dtype=x.dtype)
     tensors = [t.contiguous() for t in (codes, scales, mins)]
     status = (lib or library()).aotpack_linear_int4(

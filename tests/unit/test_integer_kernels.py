@@ -304,6 +304,16 @@ def test_int5_operands_of_the_wrong_shape_are_refused_before_the_kernel_reads_th
             native.linear_int5(x, *bad)
 
 
+def test_int4_operands_of_the_wrong_shape_are_refused_before_the_kernel_reads_them():
+    x = torch.randn(2, 64)
+    codes = int4_dot.arrange(torch.randint(0, 16, (16, 64)))
+    s = tiles.tile_rows(torch.rand(16, 2).bfloat16())  # scales and mins alike
+    for bad in ((codes[:, :16], s, s, 32), (codes, s[:8], s, 32), (codes, s, s[:, :1], 32), (codes, s.half(), s, 32),
+                (codes, s, s, 64), (codes, s, s, 0)):  # fmt: skip
+        with pytest.raises(ValueError, match="int4 kernel takes uint8 codes"):
+            native.linear_int4(x, *bad)
+
+
 def test_int8_codes_outside_the_symmetric_grid_are_refused():
     with pytest.raises(ValueError, match="-127..127, got -128"):
         int8_dot.arrange(torch.tensor([[-128, 5]], dtype=torch.int8))
