@@ -273,6 +273,13 @@ def _lowerings(config: ExportConfig, shapes, options: dict, batch: int, progress
         return tune(shapes, dtype, config.device, options, batch, progress.log, own)
 
 
+# What a bf16 lowering named by --gemv needs, when the kernels built here cannot run it
+_BF16_NEEDS = {
+    TILES: "AMX needs a CPU with amx_tile and amx_bf16 and Linux 5.16 or later",
+    DPBF16: "it needs a CPU with avx512_bf16",
+}
+
+
 def _float_kernels(config: ExportConfig, progress: Progress):
     """aotpack's kernels for a CPU export without the integer family (float weights, or Inductor's
     dequantizing kernels) whose graphs may choose the `dense` GEMM or the native decode attention, else
@@ -282,16 +289,10 @@ def _float_kernels(config: ExportConfig, progress: Progress):
         return None
     with progress.stage("kernels", "building aotpack's kernels (dense GEMM and decode attention candidates)"):
         built = kernels.build(config.cpu_isa, log=progress.log)
-    if config.gemv == TILES and not built.library.tiles:
+    if config.gemv in BF16_LOWERINGS and not getattr(built.library, config.gemv):  # Library.tiles, .dpbf16
         raise ExportError(
-            f"--gemv tiles multiplies on AMX tiles, which aotpack's kernels cannot use here (built for "
-            f"{built.library.isa!r}; AMX needs a CPU with amx_tile and amx_bf16 and Linux 5.16 or later); "
-            "use --gemv tune or dense"
-        )
-    if config.gemv == DPBF16 and not built.library.dpbf16:
-        raise ExportError(
-            f"--gemv dpbf16 multiplies with AVX512-BF16's vdpbf16ps, which aotpack's kernels cannot use here (built "
-            f"for {built.library.isa!r}; it needs a CPU with avx512_bf16); use --gemv tune or dense"
+            f"--gemv {config.gemv} multiplies bf16 {BF16_LOWERINGS[config.gemv]}, which aotpack's kernels cannot "
+            f"use here (built for {built.library.isa!r}; {_BF16_NEEDS[config.gemv]}); use --gemv tune or dense"
         )
     return built
 

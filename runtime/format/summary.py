@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import replace
 
 from runtime.format.files import GENERATION, GENERATION_DEFAULTS
-from runtime.format.manifest import DENSE, DPBF16, NATIVE_ATTENTION, TILES, Manifest, chosen_lowerings
+from runtime.format.manifest import BF16_LOWERINGS, DENSE, NATIVE_ATTENTION, Manifest, chosen_lowerings
 from runtime.format.quant import INTEGER
 
 
@@ -160,10 +160,9 @@ def _lowering_lines(m: Manifest) -> list[str]:
     n = m.native
     if DENSE in chosen_lowerings(m):  # float graphs calling aotpack's GEMMs
         lines.append(f"  dense: aotpack's GEMM ({n.file}, built for {n.isa} by {n.compiler})")
-    if TILES in chosen_lowerings(m):
-        lines.append(f"  tiles: aotpack's bf16 GEMM on AMX tiles ({n.file}, built for {n.isa} by {n.compiler})")
-    if DPBF16 in chosen_lowerings(m):
-        lines.append(f"  dpbf16: aotpack's bf16 GEMM with AVX512-BF16 ({n.file}, built for {n.isa} by {n.compiler})")
+    for name, how in BF16_LOWERINGS.items():
+        if name in chosen_lowerings(m):
+            lines.append(f"  {name}: aotpack's bf16 GEMM {how} ({n.file}, built for {n.isa} by {n.compiler})")
     return ["decode graphs one per batch, GEMV kernels chosen per weight shape at build time:", *lines]
 
 

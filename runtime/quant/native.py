@@ -174,52 +174,44 @@ def linear_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lib:
 
 def linear_int4(x, codes, scales, mins, group_size: int, lib: Library | None = None) -> torch.Tensor:
     """x (..., K) @ (nibbles * scale + min per group).T, activations quantized per block of 32."""
-    x2, code, m, k = _operands(x, (codes, scales, mins))
-    n = codes.shape[0] if codes.dim() == 2 else -1
-    if (
-        codes.dtype != torch.uint8 or scales.dtype != torch.bfloat16 or mins.dtype != torch.bfloat16
-        or codes.shape != (n, k // 2) or group_size < 32 or k % group_size
-        or scales.shape != (n, k // group_size) or mins.shape != scales.shape
-    ):  # fmt: skip
-        raise ValueError(
-            f"aotpack's int4 kernel takes uint8 codes (N, {k // 2}) and bf16 scales and mins (N, {k} / group), got "
-            f"{tuple(codes.shape)} {codes.dtype}, {tuple(scales.shape)} {scales.dtype}, {tuple(mins.shape)} "
-            f"{mins.dtype} and group {group_size}"
-        )
-    y = torch.empty(m, codes.shape[0], dtype=x.dtype)
-    tensors = [t.contiguous() for t in (codes, scales, mins)]
-    status = (lib or library()).aotpack_linear_int4(
-        x2.data_ptr(), code, m, k, *(t.data_ptr() for t in tensors), group_size, codes.shape[0], y.data_ptr()
-    )
-    _checked(status, "int4")
-    return y.view(*x.shape[:-1], codes.shape[0])
+    operands = (("codes", codes, torch.uint8, 2), ("scales", scales, torch.bfloat16, None))
+    return _grouped_product("int4", x, (*operands, ("mins", mins, torch.bfloat16, None)), group_size, lib)
 
 
 def linear_int5(x, codes, highs, scales, group_size: int, lib: Library | None = None) -> torch.Tensor:
     """x (..., K) @ ((q - 16) * scale per group).T, q from nibbles and fifth bits, activations quantized per
     block of 32."""
-    x2, code, m, k = _operands(x, (codes, highs, scales))
-    n = codes.shape[0] if codes.dim() == 2 else -1
-    if (
-        codes.dtype != torch.uint8 or highs.dtype != torch.uint8 or scales.dtype != torch.float16
-        or codes.shape != (n, k // 2) or highs.shape != (n, k // 8) or group_size < 32 or k % group_size
-        or scales.shape != (n, k // group_size)
-    ):  # fmt: skip
-        raise ValueError(
-            f"aotpack's int5 kernel takes uint8 codes (N, {k // 2}), uint8 highs (N, {k // 8}) and fp16 scales "
-            f"(N, {k} / group), got {tuple(codes.shape)} {codes.dtype}, {tuple(highs.shape)} {highs.dtype}, "
-            f"{tuple(scales.shape)} {scales.dtype} and group {group_size}"
+    operands = (("codes", codes, torch.uint8, 2), ("highs", highs, torch.uint8, 8))
+    return _grouped_product("int5", x, (*operands, ("scales", scales, torch.float16, None)), group_size, lib)
+
+
+def _grouped_product(what: str, x: torch.Tensor, operands, group_size: int, lib: Library | None) -> torch.Tensor:
+    """x (..., K) @ W.T through aotpack_linear_<what> (int4's and int5's signature), W given by `operands`:
+    (name, tensor, dtype, columns an element holds; None: one element a group) each, N rows all. Each is
+    checked against x's K and the group size before the kernel reads it: a short one would be read out of
+    bounds."""
+    tensors = [t for _, t, _, _ in operands]
+    x2, code, m, k = _operands(x, tensors)
+    n = tensors[0].shape[0] if tensors[0].dim() == 2 else -1
+    grouped = group_size >= 32 and k % group_size == 0
+    if not grouped or any(
+        t.dtype != dtype or t.shape != (n, k // (fields or group_size)) for _, t, dtype, fields in operands
+    ):
+        wanted = ", ".join(
+            f"{str(d).removeprefix('torch.')} {name} (N, {k} / {f or 'group'})" for name, _, d, f in operands
         )
+        got = ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tensors)
+        raise ValueError(f"aotpack's {what} kernel takes {wanted}, got {got} and group {group_size}")
     lib = lib or library()
-    if not hasattr(lib._lib, "aotpack_linear_int5"):
-        raise BundleError("this bundle's kernels.so predates the int5 kernel; re-export the bundle")
-    y = torch.empty(m, codes.shape[0], dtype=x.dtype)
-    tensors = [t.contiguous() for t in (codes, highs, scales)]
-    status = lib.aotpack_linear_int5(
-        x2.data_ptr(), code, m, k, *(t.data_ptr() for t in tensors), group_size, codes.shape[0], y.data_ptr()
+    if not hasattr(lib._lib, f"aotpack_linear_{what}"):
+        raise BundleError(f"this bundle's kernels.so predates the {what} kernel; re-export the bundle")
+    y = torch.empty(m, n, dtype=x.dtype)
+    tensors = [t.contiguous() for t in tensors]  # held until the call returns
+    status = getattr(lib, f"aotpack_linear_{what}")(
+        x2.data_ptr(), code, m, k, *(t.data_ptr() for t in tensors), group_size, n, y.data_ptr()
     )
-    _checked(status, "int5")
-    return y.view(*x.shape[:-1], codes.shape[0])
+    _checked(status, what)
+    return y.view(*x.shape[:-1], n)
 
 
 def linear_dense(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -> torch.Tensor:
