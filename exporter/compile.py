@@ -111,7 +111,8 @@ def native_options(native: NativeKernels | None) -> dict:
     (exporter.kernels.linkable shows the linker where they are)."""
     if native is None:
         return {}
-    shims = {s.op: [s.c_shim] for s in SCHEMES.values() if s.c_shim} | {
+    shims = {s.op: [s.c_shim] for s in SCHEMES.values() if s.c_shim}
+    shims |= {s.cat_op: [s.cat_shim] for s in SCHEMES.values() if s.cat_op} | {
         dense.OP: [dense.SHIM],
         dense.TILES_OP: [dense.TILES_SHIM],
         dense.DPBF16_OP: [dense.DPBF16_SHIM],

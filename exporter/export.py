@@ -33,6 +33,7 @@ from exporter.onnx_export import export_onnx
 from exporter.parity import check_parity
 from exporter.progress import Progress
 from exporter.quant_family import Family
+from exporter.siblings import fuse_siblings
 from exporter.source import checkpoint_dir
 from exporter.write import write_model
 from runtime.backends.aoti import CompiledDecode
@@ -175,8 +176,11 @@ def _compile_graph(config, model, step, contract, kernel, shape, options: dict, 
     lowerings = _lowerings(config, weight_shapes(exported), options, batch * tokens, progress, _own(config, native))
     if native is not None and _calls_kernels(lowerings, kernel):
         options = options | native_options(native.record)
+    lowered = lower(exported, lowerings)
+    if saved := fuse_siblings(lowered):
+        progress.log(f"sibling layers on the same activations in one kernel call each: {saved} calls fewer a step")
     with stage("compile", f"compiling with AOTInductor: the {what}"):
-        files = compile_graph(lower(exported, lowerings), options, into)
+        files = compile_graph(lowered, options, into)
     seconds = round(time.perf_counter() - start, 1)
     return DecodeGraph(batch, lowerings, Parity(0, 0.0, 0.0, False), seconds, tokens, chunk), files
 

@@ -113,7 +113,7 @@ def weight_shapes(exported) -> list[WeightShape]:
     return shapes
 
 
-def _example(shape: WeightShape, rows: int, dtype: torch.dtype, device: str, batch: int = 1) -> tuple:
+def example(shape: WeightShape, rows: int, dtype: torch.dtype, device: str, batch: int = 1) -> tuple:
     """Random operands for timing: x (batch, 1, K) and the tensors of a (rows, K) weight of shape's kind."""
     x = torch.randn(batch, 1, shape.cols, device=device).to(dtype)
     if shape.op == LINEAR:
@@ -146,7 +146,7 @@ _TIMED_BYTES = 96 << 20
 
 
 def _timed_rows(shape: WeightShape, dtype) -> int:
-    row_bytes = _weight_bytes(_example(WeightShape(shape.op, 1, shape.cols, shape.group_size), 1, dtype, "cpu"))
+    row_bytes = _weight_bytes(example(WeightShape(shape.op, 1, shape.cols, shape.group_size), 1, dtype, "cpu"))
     copies = max(1, -(-_TIMED_BYTES // (row_bytes * shape.rows)))
     return shape.rows * copies
 
@@ -204,13 +204,13 @@ def tune(
 
 
 def _tuned(shape: WeightShape, dtype, device: str, inductor_options: dict, batch: int, log, own) -> Lowering:
-    args = _example(shape, _timed_rows(shape, dtype), dtype, device, batch)
+    args = example(shape, _timed_rows(shape, dtype), dtype, device, batch)
     torch.compiler.reset()  # this shape's candidates are fresh compiles, not recompiles of the last shape's
     fns = {name: _runnable(fn, inductor_options) for name, fn in candidates(shape.op, batch, own).items()}
     with float_environment_kept():  # a compiled candidate's .so is loaded on the first call
         timed = interleaved_seconds(fns, *args, threads=torch.get_num_threads())
     rates = {name: round(_weight_bytes(args) / seconds / 1e9, 2) for name, seconds in timed.best.items()}
-    noisy = _noise(timed, cpu=device == "cpu") if len(rates) > 1 else None
+    noisy = noise_of(timed, cpu=device == "cpu") if len(rates) > 1 else None
     known = KNOWN_GOOD.get(shape.op) if KNOWN_GOOD.get(shape.op) in rates else next(iter(rates))
     chosen = kept(timed, noisy, known, cpu=device == "cpu")
     spread = {name: round(value, 3) for name, value in timed.spread.items()}
@@ -238,16 +238,16 @@ def race(entrants: dict, dtype, device: str, batch: int) -> tuple[dict[str, floa
     fns, sizes = {}, {}
     torch.compiler.reset()
     for name, (shape, candidate, options) in entrants.items():
-        args = _example(shape, _timed_rows(shape, dtype), dtype, device, batch)
+        args = example(shape, _timed_rows(shape, dtype), dtype, device, batch)
         fn = candidate if callable(candidate) else _runnable(CANDIDATES[shape.op][candidate], options)
         fns[name], sizes[name] = functools.partial(fn, *args), _weight_bytes(args)
     with float_environment_kept():
         timed = interleaved_seconds(fns, threads=torch.get_num_threads())
     rates = {name: round(sizes[name] / seconds / 1e9, 2) for name, seconds in timed.best.items()}
-    return rates, _noise(timed, cpu=device == "cpu")
+    return rates, noise_of(timed, cpu=device == "cpu")
 
 
-def _noise(timed: Interleaved, cpu: bool = True) -> str | None:
+def noise_of(timed: Interleaved, cpu: bool = True) -> str | None:
     """Why these timings cannot name the fastest kernel (another process had the cores), or None. The
     CPU share speaks of CPU kernels only: a CUDA export's one launching thread leaves the others idle."""
     if cpu and timed.cpu_share < BUSY_CPU_SHARE:

@@ -8,8 +8,9 @@ its candidates: exporter.lowering.race), and the family with the smaller total t
 in the manifest (`quantization.kernel_rates`). When the timing was noise (the export did not get its
 cores, or a kernel's calls spread widely) in RACES runs in a row, the known-good family is kept, and the
 manifest says why (`quantization.kernel_noise`). First the integer kernels' two builds (several weight
-tiles a pass or one: exporter/csrc/lanes.h, the same bits) race the same way, and the faster one is the
-family's entrant, serves the export's eager op and goes in the bundle: which wins depends on the CPU. The
+tiles a pass or one: exporter/csrc/lanes.h, the same bits) race over a decode step's worth of the
+bundle's weights, and the faster one is the family's entrant, serves the export's eager op and goes in
+the bundle: which wins depends on the CPU and on the model's shapes. The
 choice is per bundle, not per weight: the two families compute different numbers (the integer family
 quantizes the activations too) and store different layouts, and the eager prefill must compute what
 every decode graph computes. CUDA bundles take Inductor's: the integer kernels are CPU code.
@@ -24,7 +25,9 @@ import torch
 from exporter import kernels
 from exporter.compile import kernel_options
 from exporter.config import ExportConfig
-from exporter.lowering import CANDIDATES, DOT, WeightShape, fastest, race
+from exporter.lowering import CANDIDATES, DOT, WeightShape, example, fastest, noise_of, race
+from exporter.timing import interleaved_seconds
+from runtime.compat import float_environment_kept
 from runtime.format.manifest import Quantization
 from runtime.format.quant import INDUCTOR, INTEGER, METHODS, QuantSpec
 from runtime.quant import native, scheme
@@ -58,17 +61,17 @@ def choose(config: ExportConfig, plan: Quantization, shapes: dict[str, tuple[int
     method, group, (rows, cols) = _timed_weight(plan, shapes)
     dtype = getattr(torch, config.dtype)
     integer = WeightShape(scheme(QuantSpec(method, group, INTEGER)).name, rows, cols, group)
-    built, build_rates, build_noise = _integer_build(config, integer, dtype, log)
+    built, build_rates, build_noise = _integer_build(config, _step_weights(plan, shapes), dtype, log)
     if config.quant_kernels == INTEGER:
         return Family(INTEGER, build_rates, built, build_noise)
     inductor = replace(integer, op=scheme(QuantSpec(method, group, INDUCTOR)).name)
     options = kernel_options(config.device, config.cpu_isa, dequantizing=True)
     chosen, rates, noise = _faster(
-        lambda batch: {
+        lambda batch: race({
             INTEGER: (integer, _through(built.library, integer), {}),
             INDUCTOR: (inductor, fastest(inductor, dtype, config.device, options, batch, log), options),
-        },
-        config, dtype, KNOWN_GOOD,
+        }, dtype, config.device, batch),
+        config, KNOWN_GOOD,
     )  # fmt: skip
     kept = f"; {'; '.join(noise)}: kept the known-good {chosen}" if noise else ""
     log(f"quantized layers: {chosen} kernels ({', '.join(f'{k} {v} GB/s' for k, v in rates.items())}){kept}")
@@ -89,34 +92,75 @@ def _timed_weight(plan: Quantization, shapes: dict[str, tuple[int, int]]) -> tup
     raise ValueError("a quantized bundle without a quantized weight")  # plan() quantizes the lm_head at least
 
 
-def _integer_build(config: ExportConfig, shape: WeightShape, dtype, log) -> tuple[kernels.Built, dict, str | None]:
+def _integer_build(config: ExportConfig, weights: list, dtype, log) -> tuple[kernels.Built, dict, str | None]:
     """The integer kernels' faster build here, which then serves the eager op: several weight tiles a pass
-    (the known-good) or one (exporter/csrc/lanes.h, tiles_a_pass; the same bits), raced on the bundle's
-    largest weight at batch 1 and at its batch. Returns it, the builds' rates ("<build>@<batch>") and why
-    the timing was noise (the known-good kept), or None."""
+    (the known-good) or one (exporter/csrc/lanes.h, tiles_a_pass; the same bits), raced over `weights`
+    (_step_weights) at batch 1 and at the bundle's batch. Returns it, the builds' rates ("<build>@<batch>",
+    GB/s over those weights) and why the timing was noise (the known-good kept), or None."""
     builds = {name: kernels.build(config.cpu_isa, log=log, serve=False, one_tile=one) for name, one in BUILDS.items()}
-    entrants = {name: (shape, _through(b.library, shape), {}) for name, b in builds.items()}
-    chosen, rates, noise = _faster(lambda batch: entrants, config, dtype, KNOWN_GOOD_BUILD, "integer builds ")
+    libraries = {name: b.library for name, b in builds.items()}
+    chosen, rates, noise = _faster(
+        lambda batch: _race_step(libraries, weights, dtype, batch), config, KNOWN_GOOD_BUILD, "integer builds "
+    )
     log(f"integer kernels: {chosen} ({', '.join(f'{k} {v} GB/s' for k, v in rates.items())})")
     native.register(builds[chosen].library)
     return builds[chosen], rates, "; ".join(noise) + f": kept {chosen}" if noise else None
 
 
-def _faster(entrants_at, config: ExportConfig, dtype, known_good: str, what: str = "") -> tuple[str, dict, list[str]]:
-    """`entrants_at(batch)` (exporter.lowering.race's entrants) raced at batch 1 and at the bundle's batch,
-    each race run again while it is noise (RACES runs at most): the entrant with the smaller total time
-    (`known_good` when a race stayed noise), the rates ("<entrant>@<batch>") and each such race's last
-    verdict (`what` names the race in it)."""
+def _step_weights(plan: Quantization, shapes: dict[str, tuple[int, int]]) -> list[tuple]:
+    """A decode step's worth of weights for the builds' race: each quantized linear layer's, in the plan's
+    order, as random bits of its shape and method in the integer family's layout, each in its own memory
+    (method, columns, operands, group size). A step's calls of small weights cost more than their bytes,
+    and the build that streams one big weight faster is not always the one that steps faster:
+    SmolLM2-135M int8 on an AMD EPYC Zen 4, raced on its lm_head alone, kept tiles (36.6 against 35.0
+    GB/s), whose step took 7.1 ms against one-tile's 6.0 (artifacts/bench/epyc-zen4/fused/)."""
+    weights = []
+    for path in plan.linears:
+        spec, (rows, cols) = plan.spec(path), shapes[path]
+        integer = scheme(QuantSpec(spec.method, spec.group_size, INTEGER))
+        _, *operands = example(WeightShape(integer.name, rows, cols, spec.group_size), rows, torch.float32, "cpu")
+        weights.append((spec.method, cols, [t for t in operands if torch.is_tensor(t)], spec.group_size))
+    return weights
+
+
+@torch.inference_mode()
+def _race_step(libraries: dict[str, native.Library], weights: list, dtype, batch: int) -> tuple[dict, str | None]:
+    """Each library's kernels over every one of `weights` in turn (`batch` activation rows), called as the
+    decode graph calls them (no dispatcher: native.prepared_cat), raced in one interleaved run: (each one's
+    GB/s over the weights' bytes, why the timing was noise or None)."""
+    xs, calls = {}, {name: [] for name in libraries}
+    for method, cols, operands, group in weights:
+        x = xs.setdefault(cols, torch.randn(batch, cols).to(dtype))  # (batch, cols)
+        for name, library in libraries.items():
+            calls[name].append(native.prepared_cat(method, x, [[t] for t in operands], group, library)[0])
+
+    def step(runs):
+        def run():
+            for call in runs:
+                call()
+
+        return run
+
+    with float_environment_kept():
+        timed = interleaved_seconds({name: step(runs) for name, runs in calls.items()}, threads=torch.get_num_threads())
+    size = sum(t.numel() * t.element_size() for _, _, operands, _ in weights for t in operands)
+    return {name: round(size / seconds / 1e9, 2) for name, seconds in timed.best.items()}, noise_of(timed)
+
+
+def _faster(race_at, config: ExportConfig, known_good: str, what: str = "") -> tuple[str, dict, list[str]]:
+    """`race_at(batch)` (its entrants' rates and why the timing was noise, or None: exporter.lowering.race)
+    at batch 1 and at the bundle's batch, each race run again while it is noise (RACES runs at most): the
+    entrant with the smaller total time (`known_good` when a race stayed noise), the rates
+    ("<entrant>@<batch>") and each such race's last verdict (`what` names the race in it)."""
     rates, noise = {}, []
     for batch in sorted({1, config.batch_size}):
-        entrants = entrants_at(batch)
         for _ in range(RACES):
-            raced, noisy = race(entrants, dtype, config.device, batch)
+            raced, noisy = race_at(batch)
             if noisy is None:
                 break
         rates |= {f"{name}@{batch}": rate for name, rate in raced.items()}
         noise += [f"{what}at batch {batch}, {noisy}"] if noisy else []
-    seconds = {name: sum(1 / rate for key, rate in rates.items() if key.startswith(f"{name}@")) for name in entrants}
+    seconds = {name: sum(1 / rate for key, rate in rates.items() if key.startswith(f"{name}@")) for name in raced}
     return (known_good if noise else min(seconds, key=seconds.get)), rates, noise
 
 

@@ -76,7 +76,7 @@ struct Int4 {
 
   // A row past the last whole tile, in plain C++: the same integer sums and float steps as a lane's.
   template <int D>
-  AOTPACK_NO_VECTORIZE void lone(const Activations& a, int64_t n, int64_t m, int64_t N, void* y) const {
+  AOTPACK_NO_VECTORIZE void lone(const Activations& a, int64_t n, int64_t m, Out o) const {
     const uint8_t* row = codes + n * (K / 2);
     const int8_t* x = a.row(m);
     float acc = 0.0f;
@@ -93,27 +93,38 @@ struct Int4 {
       acc = std::fma(sum, bf16_to_f32(scales[n * G + g]), acc);
       acc = std::fma(bf16_to_f32(mins[n * G + g]), U[m * G + g], acc);
     }
-    store_from_f32<D>(y, m * N + n, acc);
+    store_from_f32<D>(o.y, o.at(m, n), acc);
   }
 };
 
 }  // namespace
 
-int32_t linear_int4(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* codes,
-                    const uint16_t* scales, const uint16_t* mins, int64_t group, int64_t N, void* y) {
-  if (M < 0 || N < 0 || group < BLOCK || group % BLOCK || K < group || K % group || ldx < K) return BAD_SHAPE;
-  if (M == 0 || N == 0) return OK;
-  Activations& a = scratch();
+// y (M, ld) = x (M, K) times each of `count` weights (codes[p], scales[p], mins[p]: N[p] rows, one group size),
+// their outputs side by side (ld, the sum of N).
+int32_t linear_int4(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, int64_t count,
+                    const void* const* codes, const void* const* scales, const void* const* mins, int64_t group,
+                    const int64_t* N, void* y) {
+  if (M < 0 || group < BLOCK || group % BLOCK || K < group || K % group || ldx < K || count < 1 || count > MAX_PARTS)
+    return BAD_SHAPE;
   const int64_t G = K / group, per_group = group / BLOCK;
   thread_local std::vector<float> U;  // (M, G): the calling thread's, which the team shares through u
   U.assign(size_t(M * G), 0.0f);
   float* u = U.data();
-  const Int4 s{codes, scales, mins, K, G, per_group, u};
+  Part<Int4> parts[MAX_PARTS];
+  int64_t ld = 0;
+  for (int64_t p = 0; p < count; ld += N[p], p++) {
+    if (N[p] < 0) return BAD_SHAPE;
+    const Int4 s{static_cast<const uint8_t*>(codes[p]), static_cast<const uint16_t*>(scales[p]),
+                 static_cast<const uint16_t*>(mins[p]), K, G, per_group, u};
+    parts[p] = Part<Int4>{s, N[p], ld};
+  }
+  if (M == 0 || ld == 0) return OK;
+  Activations& a = scratch();
   return quantized_team(x, dtype, M, K, ldx, a, [&] {
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; m++)
       for (int64_t b = 0; b < a.nb; b++) u[m * G + b / per_group] += a.d[m * a.nb + b] * float(a.s[m * a.nb + b]);
-    with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(s, a, N, y); });
+    with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(parts, count, a, y, ld); });
   });
 }
 
@@ -123,28 +134,42 @@ extern "C" {
 
 int32_t aotpack_linear_int4(const void* x, int32_t dtype, int64_t M, int64_t K, const uint8_t* codes,
                             const uint16_t* scales, const uint16_t* mins, int64_t group, int64_t N, void* y) {
-  return aotpack::linear_int4(x, dtype, M, K, K, codes, scales, mins, group, N, y);
+  const void *c = codes, *s = scales, *m = mins;
+  return aotpack::linear_int4(x, dtype, M, K, K, 1, &c, &s, &m, group, &N, y);
 }
 
-// What AOTInductor calls for aotpack::dot_linear_int4 (runtime.quant.int4_dot).
+int32_t aotpack_linear_int4_parts(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t count,
+                                  const void* const* codes, const void* const* scales, const void* const* mins,
+                                  int64_t group, const int64_t* N, void* y) {
+  return aotpack::linear_int4(x, dtype, M, K, K, count, codes, scales, mins, group, N, y);
+}
+
+// What AOTInductor calls for aotpack::dot_linear_int4_cat (runtime.quant.int4_dot): x times each weight, the
+// outputs side by side.
+AOTITorchError aoti_torch_cpu_dot_linear_int4_cat(AtenTensorHandle x, const AtenTensorHandle* codes,
+                                                  int64_t codes_len_, const AtenTensorHandle* scales,
+                                                  int64_t scales_len_, const AtenTensorHandle* mins,
+                                                  int64_t mins_len_, int64_t group_size, AtenTensorHandle* ret0) {
+  using namespace aotpack;
+  Operand xo;
+  const void* data[3][MAX_PARTS];
+  int64_t N[MAX_PARTS], total = 0;
+  const int32_t bf16 = aoti_torch_dtype_bfloat16();
+  const Rule rules[3] = {{aoti_torch_dtype_uint8(), 2}, {bf16, 0}, {bf16, 0}};
+  if (!operand(x, &xo) || group_size < BLOCK || xo.cols % group_size ||
+      !cat_operands<3>(xo, {codes, scales, mins}, {codes_len_, scales_len_, mins_len_}, rules, group_size, data, N,
+                       &total))
+    return AOTI_TORCH_FAILURE;
+  return run_shim(x, xo, total, ret0, [&](void* out) {
+    return linear_int4(xo.data, xo.kind, xo.rows, xo.cols, xo.ld, codes_len_, data[0], data[1], data[2], group_size,
+                       N, out);
+  });
+}
+
+// What AOTInductor calls for aotpack::dot_linear_int4: the one weight's call of the above.
 AOTITorchError aoti_torch_cpu_dot_linear_int4(AtenTensorHandle x, AtenTensorHandle codes, AtenTensorHandle scales,
                                               AtenTensorHandle mins, int64_t group_size, AtenTensorHandle* ret0) {
-  aotpack::Operand xo, co, so, mo;
-  if (!aotpack::operand(x, &xo) || !aotpack::operand(codes, &co) || !aotpack::operand(scales, &so) ||
-      !aotpack::operand(mins, &mo))
-    return AOTI_TORCH_FAILURE;
-  const int64_t N = co.rows, K = 2 * co.cols;
-  if (group_size < aotpack::BLOCK || K % group_size) return AOTI_TORCH_FAILURE;
-  const int64_t G = K / group_size;
-  const int32_t bf16 = aoti_torch_dtype_bfloat16();
-  if (co.dtype != aoti_torch_dtype_uint8() || so.dtype != bf16 || mo.dtype != bf16 || xo.cols != K ||
-      so.rows != N || so.cols != G || mo.rows != N || mo.cols != G || !co.dense || !so.dense || !mo.dense)
-    return AOTI_TORCH_FAILURE;
-  return aotpack::run_shim(x, xo, N, ret0, [&](void* out) {
-    return aotpack::linear_int4(xo.data, xo.kind, xo.rows, K, xo.ld, static_cast<const uint8_t*>(co.data),
-                                static_cast<const uint16_t*>(so.data), static_cast<const uint16_t*>(mo.data),
-                                group_size, N, out);
-  });
+  return aoti_torch_cpu_dot_linear_int4_cat(x, &codes, 1, &scales, 1, &mins, 1, group_size, ret0);
 }
 
 }  // extern "C"

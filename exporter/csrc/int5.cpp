@@ -80,7 +80,7 @@ struct Int5 {
 
   // A row past the last whole tile, in plain C++: the same integer sums and float steps as a lane's.
   template <int D>
-  AOTPACK_NO_VECTORIZE void lone(const Activations& a, int64_t n, int64_t m, int64_t N, void* y) const {
+  AOTPACK_NO_VECTORIZE void lone(const Activations& a, int64_t n, int64_t m, Out o) const {
     const uint8_t* row = codes + n * (K / 2);
     const uint8_t* bits = highs + n * (K / 8);
     const int8_t* x = a.row(m);
@@ -101,20 +101,31 @@ struct Int5 {
       }
       acc = std::fma(sum, f16_to_f32(scales[n * G + g]), acc);
     }
-    store_from_f32<D>(y, m * N + n, acc);
+    store_from_f32<D>(o.y, o.at(m, n), acc);
   }
 };
 
 }  // namespace
 
-int32_t linear_int5(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* codes,
-                    const uint8_t* highs, const uint16_t* scales, int64_t group, int64_t N, void* y) {
-  if (M < 0 || N < 0 || group < BLOCK || group % BLOCK || K < group || K % group || ldx < K) return BAD_SHAPE;
-  if (M == 0 || N == 0) return OK;
+// y (M, ld) = x (M, K) times each of `count` weights (codes[p], highs[p], scales[p]: N[p] rows, one group
+// size), their outputs side by side (ld, the sum of N).
+int32_t linear_int5(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, int64_t count,
+                    const void* const* codes, const void* const* highs, const void* const* scales, int64_t group,
+                    const int64_t* N, void* y) {
+  if (M < 0 || group < BLOCK || group % BLOCK || K < group || K % group || ldx < K || count < 1 || count > MAX_PARTS)
+    return BAD_SHAPE;
+  Part<Int5> parts[MAX_PARTS];
+  int64_t ld = 0;
+  for (int64_t p = 0; p < count; ld += N[p], p++) {
+    if (N[p] < 0) return BAD_SHAPE;
+    const Int5 s{static_cast<const uint8_t*>(codes[p]), static_cast<const uint8_t*>(highs[p]),
+                 static_cast<const uint16_t*>(scales[p]), K, K / group, group / BLOCK};
+    parts[p] = Part<Int5>{s, N[p], ld};
+  }
+  if (M == 0 || ld == 0) return OK;
   Activations& a = scratch();
-  const Int5 s{codes, highs, scales, K, K / group, group / BLOCK};
   return quantized_team(x, dtype, M, K, ldx, a, [&] {
-    with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(s, a, N, y); });
+    with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(parts, count, a, y, ld); });
   });
 }
 
@@ -124,28 +135,42 @@ extern "C" {
 
 int32_t aotpack_linear_int5(const void* x, int32_t dtype, int64_t M, int64_t K, const uint8_t* codes,
                             const uint8_t* highs, const uint16_t* scales, int64_t group, int64_t N, void* y) {
-  return aotpack::linear_int5(x, dtype, M, K, K, codes, highs, scales, group, N, y);
+  const void *c = codes, *h = highs, *s = scales;
+  return aotpack::linear_int5(x, dtype, M, K, K, 1, &c, &h, &s, group, &N, y);
 }
 
-// What AOTInductor calls for aotpack::dot_linear_int5 (runtime.quant.int5_dot).
+int32_t aotpack_linear_int5_parts(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t count,
+                                  const void* const* codes, const void* const* highs, const void* const* scales,
+                                  int64_t group, const int64_t* N, void* y) {
+  return aotpack::linear_int5(x, dtype, M, K, K, count, codes, highs, scales, group, N, y);
+}
+
+// What AOTInductor calls for aotpack::dot_linear_int5_cat (runtime.quant.int5_dot): x times each weight, the
+// outputs side by side.
+AOTITorchError aoti_torch_cpu_dot_linear_int5_cat(AtenTensorHandle x, const AtenTensorHandle* codes,
+                                                  int64_t codes_len_, const AtenTensorHandle* highs,
+                                                  int64_t highs_len_, const AtenTensorHandle* scales,
+                                                  int64_t scales_len_, int64_t group_size, AtenTensorHandle* ret0) {
+  using namespace aotpack;
+  Operand xo;
+  const void* data[3][MAX_PARTS];
+  int64_t N[MAX_PARTS], total = 0;
+  const int32_t u8 = aoti_torch_dtype_uint8();
+  const Rule rules[3] = {{u8, 2}, {u8, 8}, {aoti_torch_dtype_float16(), 0}};
+  if (!operand(x, &xo) || group_size < BLOCK || xo.cols % group_size ||
+      !cat_operands<3>(xo, {codes, highs, scales}, {codes_len_, highs_len_, scales_len_}, rules, group_size, data, N,
+                       &total))
+    return AOTI_TORCH_FAILURE;
+  return run_shim(x, xo, total, ret0, [&](void* out) {
+    return linear_int5(xo.data, xo.kind, xo.rows, xo.cols, xo.ld, codes_len_, data[0], data[1], data[2], group_size,
+                       N, out);
+  });
+}
+
+// What AOTInductor calls for aotpack::dot_linear_int5: the one weight's call of the above.
 AOTITorchError aoti_torch_cpu_dot_linear_int5(AtenTensorHandle x, AtenTensorHandle codes, AtenTensorHandle highs,
                                               AtenTensorHandle scales, int64_t group_size, AtenTensorHandle* ret0) {
-  aotpack::Operand xo, co, ho, so;
-  if (!aotpack::operand(x, &xo) || !aotpack::operand(codes, &co) || !aotpack::operand(highs, &ho) ||
-      !aotpack::operand(scales, &so))
-    return AOTI_TORCH_FAILURE;
-  const int64_t N = co.rows, K = 2 * co.cols;
-  if (group_size < aotpack::BLOCK || K % group_size) return AOTI_TORCH_FAILURE;
-  const int32_t u8 = aoti_torch_dtype_uint8();
-  if (co.dtype != u8 || ho.dtype != u8 || so.dtype != aoti_torch_dtype_float16() || xo.cols != K ||
-      ho.rows != N || ho.cols != K / 8 || so.rows != N || so.cols != K / group_size || !co.dense || !ho.dense ||
-      !so.dense)
-    return AOTI_TORCH_FAILURE;
-  return aotpack::run_shim(x, xo, N, ret0, [&](void* out) {
-    return aotpack::linear_int5(xo.data, xo.kind, xo.rows, K, xo.ld, static_cast<const uint8_t*>(co.data),
-                                static_cast<const uint8_t*>(ho.data), static_cast<const uint16_t*>(so.data),
-                                group_size, N, out);
-  });
+  return aoti_torch_cpu_dot_linear_int5_cat(x, &codes, 1, &highs, 1, &scales, 1, group_size, ret0);
 }
 
 }  // extern "C"

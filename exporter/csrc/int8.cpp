@@ -87,13 +87,13 @@ struct Int8 {
   }
 
   // A row past the last whole tile, in plain C++: the same integer sums and float steps as a lane's.
-  template <int D> void lone(const Activations& a, int64_t n, int64_t m, int64_t N, void* y) const {
+  template <int D> void lone(const Activations& a, int64_t n, int64_t m, Out o) const {
     float acc = 0.0f;
     for (int64_t b = 0; b < a.nb; b++) {
       const int64_t kept = std::min(BLOCK, K - b * BLOCK);
       acc = std::fma(float(tail_dot(codes + n * K + b * BLOCK, a.row(m) + b * BLOCK, kept)), a.d[m * a.nb + b], acc);
     }
-    store_from_f32<D>(y, m * N + n, acc * scales[n]);
+    store_from_f32<D>(o.y, o.at(m, n), acc * scales[n]);
   }
 };
 
@@ -175,7 +175,7 @@ void configure_tiles(int64_t mc) {
 // the T tiles that follow.
 template <int D, int T>
 __attribute__((noinline)) void tiles_pass(const Int8& s, const Activations& a, const Pairs& x, int64_t n0,
-                                          int64_t m0, int64_t mc, int64_t N, void* y, bool fetch) {
+                                          int64_t m0, int64_t mc, Out o, bool fetch) {
   const int64_t nb = a.nb, span = TILE * s.K, pairs = x.pairs;
   const uint8_t* tiles = s.codes + n0 * s.K;
   alignas(64) int32_t sums[AMX_TILES][2 * AMX_ROWS * TILE];  // (weight tile)(activation row, block, lane)
@@ -223,8 +223,8 @@ __attribute__((noinline)) void tiles_pass(const Int8& s, const Activations& a, c
   }
   for (int t = 0; t < T; t++)
     for (int64_t m = 0; m < mc; m++)
-      store_lanes<D>(s.finish(a, n0 + t * TILE, 2 * pairs, m0 + m, acc[t * mc + m]), y,
-                     (m0 + m) * N + n0 + t * TILE);
+      store_lanes<D>(s.finish(a, n0 + t * TILE, 2 * pairs, m0 + m, acc[t * mc + m]), o.y,
+                     o.at(m0 + m, n0 + t * TILE));
 }
 #undef AOTPACK_PRODUCTS
 #undef AOTPACK_STORE
@@ -232,7 +232,7 @@ __attribute__((noinline)) void tiles_pass(const Int8& s, const Activations& a, c
 // This thread's share of y (M, N) on tiles, inside the team: an even share of the weight tiles, 2 at a
 // time, each against the activation rows 8 at a time (the 2 tiles stay in cache while further rows pass);
 // then the lone rows.
-template <int D> void tiles_team(const Int8& s, const Activations& a, Pairs& pairs, int64_t N, void* y) {
+template <int D> void tiles_team(const Int8& s, const Activations& a, Pairs& pairs, int64_t N, Out o) {
   const int64_t M = a.M, tiles = N / TILE;
   pairs.fill_share(a);
   const auto [first, last] = my_share(tiles);
@@ -246,13 +246,13 @@ template <int D> void tiles_team(const Int8& s, const Activations& a, Pairs& pai
     for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
       const int64_t mc = std::min<int64_t>(AMX_ROWS, M - m0);
       const bool fetch = m0 == 0;
-      if (T == 2) tiles_pass<D, 2>(s, a, pairs, t0 * TILE, m0, mc, N, y, fetch);
-      else tiles_pass<D, 1>(s, a, pairs, t0 * TILE, m0, mc, N, y, fetch);
+      if (T == 2) tiles_pass<D, 2>(s, a, pairs, t0 * TILE, m0, mc, o, fetch);
+      else tiles_pass<D, 1>(s, a, pairs, t0 * TILE, m0, mc, o, fetch);
     }
     t0 += T;
   }
   if (ready) _tile_release();
-  lone_rows<D>(s, a, tiles * TILE, N, y);
+  lone_rows<D>(s, a, tiles * TILE, N, o);
 }
 
 Pairs& pairs_scratch() {  // the calling thread's, as scratch() (the team shares it by reference)
@@ -282,23 +282,33 @@ bool int8_tiles(int64_t M, int64_t N) {
 
 }  // namespace
 
-int32_t linear_int8(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, const uint8_t* codes,
-                    const float* scales, int64_t N, void* y) {
-  if (M < 0 || K < 1 || N < 0 || ldx < K) return BAD_SHAPE;
-  if (M == 0 || N == 0) return OK;
-  Activations& a = scratch();
-  const Int8 s{codes, scales, K};
-#if defined(AOTPACK_AMX)
-  if (int8_tiles(M, N)) {
-    Pairs& pairs = pairs_scratch();
-    pairs.size(M, K);
-    return quantized_team(x, dtype, M, K, ldx, a, [&] {
-      with_dtype(dtype, [&](auto d) { tiles_team<decltype(d)::value>(s, a, pairs, N, y); });
-    });
+// y (M, ld) = x (M, K) times each of `count` weights (codes[p], scales[p]: N[p] rows), their outputs side by
+// side (ld, the sum of N): one call of a decode step's q, k and v projections, or of one weight.
+int32_t linear_int8(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, int64_t count,
+                    const void* const* codes, const void* const* scales, const int64_t* N, void* y) {
+  if (M < 0 || K < 1 || ldx < K || count < 1 || count > MAX_PARTS) return BAD_SHAPE;
+  Part<Int8> vectors[MAX_PARTS], tiled[MAX_PARTS];  // the parts the VNNI path computes, those on AMX tiles
+  int64_t nv = 0, nt = 0, ld = 0;
+  for (int64_t p = 0; p < count; p++) {
+    if (N[p] < 0) return BAD_SHAPE;
+    const Int8 s{static_cast<const uint8_t*>(codes[p]), static_cast<const float*>(scales[p]), K};
+    (int8_tiles(M, N[p]) ? tiled[nt++] : vectors[nv++]) = Part<Int8>{s, N[p], ld};
+    ld += N[p];
   }
+  if (M == 0 || ld == 0) return OK;
+  Activations& a = scratch();
+#if defined(AOTPACK_AMX)
+  Pairs& pairs = pairs_scratch();
+  if (nt) pairs.size(M, K);
 #endif
   return quantized_team(x, dtype, M, K, ldx, a, [&] {
-    with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(s, a, N, y); });
+    with_dtype(dtype, [&](auto d) {
+      if (nv) gemm_team<decltype(d)::value>(vectors, nv, a, y, ld);
+#if defined(AOTPACK_AMX)
+      for (int64_t p = 0; p < nt; p++)
+        tiles_team<decltype(d)::value>(tiled[p].s, a, pairs, tiled[p].N, Out{y, ld, tiled[p].col});
+#endif
+    });
   });
 }
 
@@ -310,23 +320,36 @@ int32_t aotpack_int8_tiles(int64_t M, int64_t N) { return aotpack::int8_tiles(M,
 
 int32_t aotpack_linear_int8(const void* x, int32_t dtype, int64_t M, int64_t K, const uint8_t* codes,
                             const float* scales, int64_t N, void* y) {
-  return aotpack::linear_int8(x, dtype, M, K, K, codes, scales, N, y);
+  const void *c = codes, *s = scales;
+  return aotpack::linear_int8(x, dtype, M, K, K, 1, &c, &s, &N, y);
 }
 
-// What AOTInductor calls for aotpack::dot_linear_int8 (runtime.quant.int8_dot): no dispatcher, no boxing.
+int32_t aotpack_linear_int8_parts(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t count,
+                                  const void* const* codes, const void* const* scales, const int64_t* N, void* y) {
+  return aotpack::linear_int8(x, dtype, M, K, K, count, codes, scales, N, y);
+}
+
+// What AOTInductor calls for aotpack::dot_linear_int8_cat (runtime.quant.int8_dot): x times each weight
+// (codes[p], scales[p]), the outputs side by side; no dispatcher, no boxing.
+AOTITorchError aoti_torch_cpu_dot_linear_int8_cat(AtenTensorHandle x, const AtenTensorHandle* codes,
+                                                  int64_t codes_len_, const AtenTensorHandle* scales,
+                                                  int64_t scales_len_, AtenTensorHandle* ret0) {
+  using namespace aotpack;
+  Operand xo;
+  const void* data[2][MAX_PARTS];
+  int64_t N[MAX_PARTS], total = 0;
+  const Rule rules[2] = {{aoti_torch_dtype_uint8(), 1}, {aoti_torch_dtype_float32(), -1}};
+  if (!operand(x, &xo) || !cat_operands<2>(xo, {codes, scales}, {codes_len_, scales_len_}, rules, 1, data, N, &total))
+    return AOTI_TORCH_FAILURE;
+  return run_shim(x, xo, total, ret0, [&](void* out) {
+    return linear_int8(xo.data, xo.kind, xo.rows, xo.cols, xo.ld, codes_len_, data[0], data[1], N, out);
+  });
+}
+
+// What AOTInductor calls for aotpack::dot_linear_int8: the one weight's call of the above.
 AOTITorchError aoti_torch_cpu_dot_linear_int8(AtenTensorHandle x, AtenTensorHandle codes, AtenTensorHandle scales,
                                               AtenTensorHandle* ret0) {
-  aotpack::Operand xo, co, so;
-  if (!aotpack::operand(x, &xo) || !aotpack::operand(codes, &co) || !aotpack::operand(scales, &so))
-    return AOTI_TORCH_FAILURE;
-  const int64_t N = co.rows, K = co.cols;
-  if (co.dtype != aoti_torch_dtype_uint8() || so.dtype != aoti_torch_dtype_float32() || xo.cols != K ||
-      so.numel != N || !co.dense || !so.dense)
-    return AOTI_TORCH_FAILURE;
-  return aotpack::run_shim(x, xo, N, ret0, [&](void* out) {
-    return aotpack::linear_int8(xo.data, xo.kind, xo.rows, K, xo.ld, static_cast<const uint8_t*>(co.data),
-                                static_cast<const float*>(so.data), N, out);
-  });
+  return aoti_torch_cpu_dot_linear_int8_cat(x, &codes, 1, &scales, 1, ret0);
 }
 
 }  // extern "C"

@@ -289,16 +289,16 @@ constexpr int tiles_a_pass(int R, int chains) {
 // `lm_head` 5.6 -> 5.0 ms, the layers' calls 4 % faster; one row unchanged).
 template <int D, int R, int T, bool Fetch, class S>
 __attribute__((noinline)) void row_group(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m,
-                                         int64_t N, void* y) {
+                                         Out o) {
   FloatLanes out[R * T];
   int64_t t = 0;
   for (; t + T <= count; t += T) {
     s.template pass<R, T, Fetch>(a, n0 + t * TILE, m, out);
     for (int j = 0; j < T; j++)
-      for (int r = 0; r < R; r++) store_lanes<D>(out[j * R + r], y, (m + r) * N + n0 + (t + j) * TILE);
+      for (int r = 0; r < R; r++) store_lanes<D>(out[j * R + r], o.y, o.at(m + r, n0 + (t + j) * TILE));
   }
   if constexpr (T > 1) {
-    if (t < count) row_group<D, R, T / 2, Fetch>(s, a, n0 + t * TILE, count - t, m, N, y);
+    if (t < count) row_group<D, R, T / 2, Fetch>(s, a, n0 + t * TILE, count - t, m, o);
   }
 }
 
@@ -318,15 +318,14 @@ constexpr bool ONE_TILE_DECODE = false;
 // every row group shares each weight vector loaded (`One`: one tile a pass). With `fetch`, the first group
 // prefetches the tiles ahead.
 template <int D, int R, bool One, class S>
-void rows(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m, int64_t m1, int64_t N, void* y,
-          bool fetch) {
+void rows(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m, int64_t m1, Out o, bool fetch) {
   constexpr int T = One ? 1 : tiles_a_pass(R, S::CHAINS);
   for (; m + R <= m1; m += R, fetch = false) {
-    if (fetch) row_group<D, R, T, true>(s, a, n0, count, m, N, y);
-    else row_group<D, R, T, false>(s, a, n0, count, m, N, y);
+    if (fetch) row_group<D, R, T, true>(s, a, n0, count, m, o);
+    else row_group<D, R, T, false>(s, a, n0, count, m, o);
   }
   if constexpr (R > 1) {
-    if (m < m1) rows<D, R / 2, One>(s, a, n0, count, m, m1, N, y, fetch);
+    if (m < m1) rows<D, R / 2, One>(s, a, n0, count, m, m1, o, fetch);
   }
 }
 
@@ -336,18 +335,18 @@ void rows(const S& s, const Activations& a, int64_t n0, int64_t count, int64_t m
 // weights stream past, and a chunk's rows a few at a time (the scheme's MR), which share each weight vector
 // loaded (S::WIDE of them a pass in calls of up to WIDE_ROWS). `S` (int8.cpp, int4.cpp, int5.cpp) provides
 // pass<R, T, Fetch>(a, n0, m, out): R activation rows' lanes against the T tiles from row n0 into
-// out[t * R + r] (`Fetch`: prefetch the tiles that follow), and lone<D>(a, n, m, N, y): y[m, n] for a row past
+// out[t * R + r] (`Fetch`: prefetch the tiles that follow), and lone<D>(a, n, m, o): y[m, n] for a row past
 // the last whole tile.
 // Calls of at most this many activation rows go S::WIDE rows a pass (WIDE_MR), more go MR a pass.
 constexpr int64_t WIDE_ROWS = 16;
 
 // y[:, n0 .. N]: the rows past the last whole tile, one output at a time (S::lone), shared by the team.
-template <int D, class S> void lone_rows(const S& s, const Activations& a, int64_t n0, int64_t N, void* y) {
+template <int D, class S> void lone_rows(const S& s, const Activations& a, int64_t n0, int64_t N, Out o) {
   const int64_t M = a.M;
   if (n0 >= N) return;
 #pragma omp for schedule(static) collapse(2)
   for (int64_t n = n0; n < N; n++)
-    for (int64_t m = 0; m < M; m++) s.template lone<D>(a, n, m, N, y);
+    for (int64_t m = 0; m < M; m++) s.template lone<D>(a, n, m, o);
 }
 
 // This thread's even share [first, last) of `tiles`, inside an OpenMP team. The team's own size, not
@@ -359,19 +358,39 @@ inline std::pair<int64_t, int64_t> my_share(int64_t tiles) {
   return {tiles * p / shares, tiles * std::min(p + 1, shares) / shares};
 }
 
-// This thread's share of y, inside the OpenMP team that computes it.
-template <int D, class S> void gemm_team(const S& s, const Activations& a, int64_t N, void* y) {
-  const int64_t M = a.M, tiles = N / TILE, chunk = 64, step = tiles_a_pass(1, S::CHAINS);
-  const auto [t_first, t1] = my_share(tiles);
-  for (int64_t t0 = t_first; t0 < t1; t0 += step) {
-    const int64_t count = std::min(step, t1 - t0);
-    if (M <= WIDE_ROWS)  // a decode step's rows: its weights read once for up to S::WIDE rows
-      rows<D, S::WIDE, ONE_TILE_DECODE>(s, a, t0 * TILE, count, 0, M, N, y, true);
-    else
-      for (int64_t m0 = 0; m0 < M; m0 += chunk)
-        rows<D, MR, false>(s, a, t0 * TILE, count, m0, std::min(M, m0 + chunk), N, y, m0 == 0);
+// One of the weights a call multiplies the same activations by: its scheme's operands, and its N outputs,
+// which start at column `col` of y's rows. A decode step's q, k and v projections are one call of three
+// parts, its gate and up projections one of two: one team, the activations quantized once, where separate
+// calls paid a team's start and end, and the quantization, each (SmolLM2-135M's int8 linears at one row,
+// in C on an AMD EPYC Zen 4: 4.6 ms a step against 5.2; artifacts/bench/epyc-zen4/fused/).
+template <class S> struct Part {
+  S s;
+  int64_t N, col;
+};
+
+// This thread's share of y (M, ld) = the parts side by side: the parts' tiles, in order, cut into one even
+// share per thread, each share's tiles of a part as above, then each part's rows past its last whole tile.
+template <int D, class S>
+void gemm_team(const Part<S>* parts, int64_t count, const Activations& a, void* y, int64_t ld) {
+  const int64_t M = a.M, chunk = 64, step = tiles_a_pass(1, S::CHAINS);
+  int64_t tiles = 0;
+  for (int64_t p = 0; p < count; p++) tiles += parts[p].N / TILE;
+  const auto [first, last] = my_share(tiles);
+  for (int64_t p = 0, base = 0; p < count; base += parts[p].N / TILE, p++) {
+    const S& s = parts[p].s;
+    const Out o{y, ld, parts[p].col};
+    const int64_t t1 = std::min(last - base, parts[p].N / TILE);
+    for (int64_t t0 = std::max<int64_t>(first - base, 0); t0 < t1; t0 += step) {
+      const int64_t span = std::min(step, t1 - t0);  // tiles
+      if (M <= WIDE_ROWS)  // a decode step's rows: its weights read once for up to S::WIDE rows
+        rows<D, S::WIDE, ONE_TILE_DECODE>(s, a, t0 * TILE, span, 0, M, o, true);
+      else
+        for (int64_t m0 = 0; m0 < M; m0 += chunk)
+          rows<D, MR, false>(s, a, t0 * TILE, span, m0, std::min(M, m0 + chunk), o, m0 == 0);
+    }
   }
-  lone_rows<D>(s, a, tiles * TILE, N, y);
+  for (int64_t p = 0; p < count; p++)
+    lone_rows<D>(parts[p].s, a, parts[p].N / TILE * TILE, parts[p].N, Out{y, ld, parts[p].col});
 }
 
 // x (M, K) quantized into `a`, then `then()`, in one OpenMP team: the threads quantize a share of the

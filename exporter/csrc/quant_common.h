@@ -33,6 +33,7 @@ namespace aotpack {
 constexpr int64_t BLOCK = 32;  // activation columns per int8 step
 constexpr int TILE = 16;  // weight rows a tile holds: one lane each of a 16-lane vector (runtime.quant.tiles)
 constexpr int GROUP = 4;  // columns a lane holds together in a tile's block: what one dpbusd lane sums
+constexpr int64_t MAX_PARTS = 8;  // weights one call multiplies the same activations by (lanes.h, Part)
 constexpr int32_t ABI = 1;     // runtime.quant.native checks it: bump when any exported signature changes
 
 enum Dtype : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
@@ -99,6 +100,14 @@ struct Activations {
   std::vector<float> d;
   std::vector<int32_t> s;
   const int8_t* row(int64_t m) const { return q.data() + m * nb * BLOCK; }
+};
+
+// Where a kernel writes y[m, n]: y's rows `ld` elements apart, the weight's outputs from column `col` (a call
+// of several weights puts their outputs side by side: lanes.h, Part).
+struct Out {
+  void* y;
+  int64_t ld, col;
+  int64_t at(int64_t m, int64_t n) const { return m * ld + col + n; }
 };
 
 // Fills `a` from x (M, K) of dtype `dtype`, rows `ldx` elements apart. False for an unknown dtype.

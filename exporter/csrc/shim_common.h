@@ -57,6 +57,49 @@ inline bool operand(AtenTensorHandle handle, Operand* o) {
   return true;
 }
 
+// A Tensor[] argument's `len` handles (AOTInductor passes a pointer and a length) as operands; false for
+// none, more than MAX_PARTS, or any that `operand` refuses.
+inline bool operands(const AtenTensorHandle* handles, int64_t len, Operand* out) {
+  if (len < 1 || len > MAX_PARTS) return false;
+  for (int64_t i = 0; i < len; i++)
+    if (!operand(handles[i], &out[i])) return false;
+  return true;
+}
+
+// What each weight's tensor in one of a cat shim's operand lists must be: `dtype`, dense, and N rows of
+// K / `fields` columns (fields > 0), N rows of one column a group (fields == 0), or N elements (fields < 0:
+// int8's scales), N being the weight's rows in the first list and K x's columns.
+struct Rule {
+  int32_t dtype;
+  int64_t fields;
+};
+
+// A cat shim's L operand lists (lens[l] handles each) checked weight by weight against x, the group size and
+// `rules`: each list's data pointers (data[l][p]), every weight's N and their sum; false for lists of
+// different lengths, or anything the kernel would misread.
+template <size_t L>
+bool cat_operands(const Operand& xo, const AtenTensorHandle* const (&lists)[L], const int64_t (&lens)[L],
+                  const Rule (&rules)[L], int64_t group, const void* (&data)[L][MAX_PARTS], int64_t* N,
+                  int64_t* total) {
+  Operand o[L][MAX_PARTS];
+  for (size_t l = 0; l < L; l++)
+    if (lens[l] != lens[0] || !operands(lists[l], lens[l], o[l])) return false;
+  *total = 0;
+  for (int64_t p = 0; p < lens[0]; p++) {
+    N[p] = o[0][p].rows, *total += N[p];
+    for (size_t l = 0; l < L; l++) {
+      const Operand& t = o[l][p];
+      const int64_t fields = rules[l].fields, K = xo.cols;
+      const bool shaped = fields < 0   ? t.numel == N[p]
+                          : fields > 0 ? t.rows == N[p] && t.cols * fields == K
+                                       : t.rows == N[p] && t.cols == K / group;
+      if (t.dtype != rules[l].dtype || !t.dense || !shaped) return false;
+      data[l][p] = t.data;
+    }
+  }
+  return true;
+}
+
 // The output: x's leading shape, then N; x's dtype; contiguous.
 inline bool output(AtenTensorHandle x, const Operand& xo, int64_t N, AtenTensorHandle* ret, void** data) {
   if (xo.kind < 0) return false;

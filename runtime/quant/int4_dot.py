@@ -63,6 +63,19 @@ def _(x, codes, scales, mins, group_size):
     return x.new_empty(*x.shape[:-1], codes.shape[0])
 
 
+@torch.library.custom_op("aotpack::dot_linear_int4_cat", mutates_args=())
+def dot_linear_int4_cat(
+    x: torch.Tensor, codes: list[torch.Tensor], scales: list[torch.Tensor], mins: list[torch.Tensor], group_size: int
+) -> torch.Tensor:
+    """x times each weight (codes[p], scales[p], mins[p]), the outputs side by side: one kernel call."""
+    return native.linear_cat(INT4, x, (codes, scales, mins), group_size)
+
+
+@dot_linear_int4_cat.register_fake
+def _(x, codes, scales, mins, group_size):
+    return x.new_empty(*x.shape[:-1], sum(c.shape[0] for c in codes))
+
+
 SCHEME = Scheme(
     method=INT4,
     kernels=INTEGER,
@@ -79,4 +92,8 @@ SCHEME = Scheme(
     grouped=True,
     c_shim="AOTITorchError aoti_torch_cpu_dot_linear_int4(AtenTensorHandle x, AtenTensorHandle codes, "
     "AtenTensorHandle scales, AtenTensorHandle mins, int64_t group_size, AtenTensorHandle* ret0)",
+    cat_op=torch.ops.aotpack.dot_linear_int4_cat.default,
+    cat_shim="AOTITorchError aoti_torch_cpu_dot_linear_int4_cat(AtenTensorHandle x, const AtenTensorHandle* codes, "
+    "int64_t codes_len_, const AtenTensorHandle* scales, int64_t scales_len_, const AtenTensorHandle* mins, "
+    "int64_t mins_len_, int64_t group_size, AtenTensorHandle* ret0)",
 )

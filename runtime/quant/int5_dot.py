@@ -98,6 +98,19 @@ def _(x, codes, highs, scales, group_size):
     return x.new_empty(*x.shape[:-1], codes.shape[0])
 
 
+@torch.library.custom_op("aotpack::dot_linear_int5_cat", mutates_args=())
+def dot_linear_int5_cat(
+    x: torch.Tensor, codes: list[torch.Tensor], highs: list[torch.Tensor], scales: list[torch.Tensor], group_size: int
+) -> torch.Tensor:
+    """x times each weight (codes[p], highs[p], scales[p]), the outputs side by side: one kernel call."""
+    return native.linear_cat(INT5, x, (codes, highs, scales), group_size)
+
+
+@dot_linear_int5_cat.register_fake
+def _(x, codes, highs, scales, group_size):
+    return x.new_empty(*x.shape[:-1], sum(c.shape[0] for c in codes))
+
+
 SCHEME = Scheme(
     method=INT5,
     kernels=INTEGER,
@@ -115,4 +128,8 @@ SCHEME = Scheme(
     planes=(8,),
     c_shim="AOTITorchError aoti_torch_cpu_dot_linear_int5(AtenTensorHandle x, AtenTensorHandle codes, "
     "AtenTensorHandle highs, AtenTensorHandle scales, int64_t group_size, AtenTensorHandle* ret0)",
+    cat_op=torch.ops.aotpack.dot_linear_int5_cat.default,
+    cat_shim="AOTITorchError aoti_torch_cpu_dot_linear_int5_cat(AtenTensorHandle x, const AtenTensorHandle* codes, "
+    "int64_t codes_len_, const AtenTensorHandle* highs, int64_t highs_len_, const AtenTensorHandle* scales, "
+    "int64_t scales_len_, int64_t group_size, AtenTensorHandle* ret0)",
 )

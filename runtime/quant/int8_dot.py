@@ -53,6 +53,17 @@ def _(x, codes, scales):
     return x.new_empty(*x.shape[:-1], codes.shape[0])
 
 
+@torch.library.custom_op("aotpack::dot_linear_int8_cat", mutates_args=())
+def dot_linear_int8_cat(x: torch.Tensor, codes: list[torch.Tensor], scales: list[torch.Tensor]) -> torch.Tensor:
+    """x times each weight (codes[p], scales[p]), the outputs side by side: one kernel call."""
+    return native.linear_cat(INT8, x, (codes, scales))
+
+
+@dot_linear_int8_cat.register_fake
+def _(x, codes, scales):
+    return x.new_empty(*x.shape[:-1], sum(c.shape[0] for c in codes))
+
+
 SCHEME = Scheme(
     method=INT8,
     kernels=INTEGER,
@@ -68,4 +79,7 @@ SCHEME = Scheme(
     tiled=True,
     c_shim="AOTITorchError aoti_torch_cpu_dot_linear_int8(AtenTensorHandle x, AtenTensorHandle codes, "
     "AtenTensorHandle scales, AtenTensorHandle* ret0)",
+    cat_op=torch.ops.aotpack.dot_linear_int8_cat.default,
+    cat_shim="AOTITorchError aoti_torch_cpu_dot_linear_int8_cat(AtenTensorHandle x, const AtenTensorHandle* codes, "
+    "int64_t codes_len_, const AtenTensorHandle* scales, int64_t scales_len_, AtenTensorHandle* ret0)",
 )

@@ -43,6 +43,9 @@ _ADDED = {
     "aotpack_dpbf16_ready": ([], _I32),
     "aotpack_int8_tiles": ([_I, _I], _I32),
     "aotpack_linear_int5": ([_P, _I32, _I, _I, _P, _P, _P, _I, _I, _P], _I32),
+    "aotpack_linear_int8_parts": ([_P, _I32, _I, _I, _I, _P, _P, _P, _P], _I32),
+    "aotpack_linear_int4_parts": ([_P, _I32, _I, _I, _I, _P, _P, _P, _I, _P, _P], _I32),
+    "aotpack_linear_int5_parts": ([_P, _I32, _I, _I, _I, _P, _P, _P, _I, _P, _P], _I32),
     "aotpack_decode_attention": (
         [_P, _I32, _P, _P, _P, _I32, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_float, _P],
         _I32,
@@ -156,13 +159,21 @@ def _checked(status: int, what: str) -> None:
         raise ValueError(f"aotpack's {what} kernel refused its operands (status {status})")
 
 
+# Each grouped scheme's operands, in its C function's order: (name, dtype, columns an element holds; None:
+# one element a group), every one N rows.
+_GROUPED = {
+    "int4": (("codes", torch.uint8, 2), ("scales", torch.bfloat16, None), ("mins", torch.bfloat16, None)),
+    "int5": (("codes", torch.uint8, 2), ("highs", torch.uint8, 8), ("scales", torch.float16, None)),
+}
+MAX_PARTS = 8  # exporter/csrc/quant_common.h: weights one call multiplies the same activations by
+
+
 def linear_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lib: Library | None = None):
     """x (..., K) @ (weights (N, K) * scales (N,)).T, the weights as int8_dot stores them (uint8, plus 128,
     tiled), activations quantized per block of 32; through `lib` (default: the process's first loaded
     library)."""
     x2, code, m, k = _operands(x, (codes, scales))
-    if codes.dim() != 2 or codes.shape[1] != k or scales.numel() != codes.shape[0]:
-        raise ValueError(f"aotpack's int8 kernel takes (N, {k}) codes and N scales, got {tuple(codes.shape)}")
+    _check_int8(k, codes, scales)
     y = torch.empty(m, codes.shape[0], dtype=x.dtype)
     codes, scales = codes.contiguous(), scales.contiguous()  # held until the call returns
     status = (lib or library()).aotpack_linear_int8(
@@ -172,39 +183,32 @@ def linear_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lib:
     return y.view(*x.shape[:-1], codes.shape[0])
 
 
+def _check_int8(k: int, codes: torch.Tensor, scales: torch.Tensor) -> None:
+    if codes.dim() != 2 or codes.shape[1] != k or scales.numel() != codes.shape[0]:
+        raise ValueError(f"aotpack's int8 kernel takes (N, {k}) codes and N scales, got {tuple(codes.shape)}")
+
+
 def linear_int4(x, codes, scales, mins, group_size: int, lib: Library | None = None) -> torch.Tensor:
     """x (..., K) @ (nibbles * scale + min per group).T, activations quantized per block of 32."""
-    operands = (("codes", codes, torch.uint8, 2), ("scales", scales, torch.bfloat16, None))
-    return _grouped_product("int4", x, (*operands, ("mins", mins, torch.bfloat16, None)), group_size, lib)
+    return _grouped_product("int4", x, (codes, scales, mins), group_size, lib)
 
 
 def linear_int5(x, codes, highs, scales, group_size: int, lib: Library | None = None) -> torch.Tensor:
     """x (..., K) @ ((q - 16) * scale per group).T, q from nibbles and fifth bits, activations quantized per
     block of 32."""
-    operands = (("codes", codes, torch.uint8, 2), ("highs", highs, torch.uint8, 8))
-    return _grouped_product("int5", x, (*operands, ("scales", scales, torch.float16, None)), group_size, lib)
+    return _grouped_product("int5", x, (codes, highs, scales), group_size, lib)
 
 
-def _grouped_product(what: str, x: torch.Tensor, operands, group_size: int, lib: Library | None) -> torch.Tensor:
-    """x (..., K) @ W.T through aotpack_linear_<what> (int4's and int5's signature), W given by `operands`:
-    (name, tensor, dtype, columns an element holds; None: one element a group) each, N rows all. Each is
-    checked against x's K and the group size before the kernel reads it: a short one would be read out of
-    bounds."""
-    tensors = [t for _, t, _, _ in operands]
+def _grouped_product(what: str, x: torch.Tensor, tensors, group_size: int, lib: Library | None) -> torch.Tensor:
+    """x (..., K) @ W.T through aotpack_linear_<what> (int4's and int5's signature), W given by `tensors`
+    (_GROUPED[what]'s operands), checked against x's K and the group size before the kernel reads them: a
+    short one would be read out of bounds."""
     x2, code, m, k = _operands(x, tensors)
-    n = tensors[0].shape[0] if tensors[0].dim() == 2 else -1
-    grouped = group_size >= 32 and k % group_size == 0
-    if not grouped or any(
-        t.dtype != dtype or t.shape != (n, k // (fields or group_size)) for _, t, dtype, fields in operands
-    ):
-        wanted = ", ".join(
-            f"{str(d).removeprefix('torch.')} {name} (N, {k} / {f or 'group'})" for name, _, d, f in operands
-        )
-        got = ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tensors)
-        raise ValueError(f"aotpack's {what} kernel takes {wanted}, got {got} and group {group_size}")
+    _check_grouped(what, k, tensors, group_size)
     lib = lib or library()
     if not hasattr(lib._lib, f"aotpack_linear_{what}"):
         raise BundleError(f"this bundle's kernels.so predates the {what} kernel; re-export the bundle")
+    n = tensors[0].shape[0]
     y = torch.empty(m, n, dtype=x.dtype)
     tensors = [t.contiguous() for t in tensors]  # held until the call returns
     status = getattr(lib, f"aotpack_linear_{what}")(
@@ -212,6 +216,62 @@ def _grouped_product(what: str, x: torch.Tensor, operands, group_size: int, lib:
     )
     _checked(status, what)
     return y.view(*x.shape[:-1], n)
+
+
+def _check_grouped(what: str, k: int, tensors, group_size: int) -> None:
+    operands = _GROUPED[what]
+    n = tensors[0].shape[0] if tensors[0].dim() == 2 else -1
+    grouped = group_size >= 32 and k % group_size == 0
+    if not grouped or any(
+        t.dtype != dtype or t.shape != (n, k // (fields or group_size))
+        for t, (_, dtype, fields) in zip(tensors, operands, strict=True)
+    ):
+        wanted = ", ".join(
+            f"{str(d).removeprefix('torch.')} {name} (N, {k} / {f or 'group'})" for name, d, f in operands
+        )
+        got = ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tensors)
+        raise ValueError(f"aotpack's {what} kernel takes {wanted}, got {got} and group {group_size}")
+
+
+def linear_cat(what: str, x: torch.Tensor, parts, group_size: int | None = None, lib: Library | None = None):
+    """x (..., K) times each of several weights of scheme `what` ("int8", "int4", "int5"), their outputs
+    side by side (..., N_1 + N_2 + ...), in one call of aotpack_linear_<what>_parts: one OpenMP team, the
+    activations quantized once. `parts`: one list per operand of the scheme's single call (int8: codes,
+    scales; the others _GROUPED's), a tensor per weight; `group_size` for the grouped schemes. Each output
+    column has the bits the single call gives it."""
+    run, y = prepared_cat(what, x, parts, group_size, lib)
+    _checked(run(), what)
+    return y.view(*x.shape[:-1], y.shape[1])
+
+
+def prepared_cat(what: str, x: torch.Tensor, parts, group_size: int | None = None, lib: Library | None = None):
+    """linear_cat's call, checked and made ready: (run, y), where run() computes y (M, N_1 + N_2 + ...) from
+    the operands as they are now and returns the kernel's status; the exporter times the kernels' builds
+    with such calls, which cost the interpreter about as little as the decode graph's C shims cost it."""
+    count = len(parts[0])
+    if not 1 <= count <= MAX_PARTS or any(len(tensors) != count for tensors in parts):
+        raise ValueError(f"aotpack's {what} kernel takes 1 to {MAX_PARTS} weights a call, each with all its operands")
+    x2, code, m, k = _operands(x, [t for tensors in parts for t in tensors])
+    for weight in zip(*parts, strict=True):
+        if what == "int8":
+            _check_int8(k, *weight)
+        else:
+            _check_grouped(what, k, weight, group_size)
+    lib = lib or library()
+    function = getattr(lib._lib, f"aotpack_linear_{what}_parts", None)
+    if function is None:
+        raise BundleError(f"this bundle's kernels.so predates {what} calls of several weights; re-export the bundle")
+    held = [[t.contiguous() for t in tensors] for tensors in parts]  # held as long as run is
+    pointers = [(ctypes.c_void_p * count)(*(t.data_ptr() for t in tensors)) for tensors in held]
+    rows = [t.shape[0] for t in held[0]]
+    y = torch.empty(m, sum(rows), dtype=x.dtype)
+    extras = () if group_size is None else (group_size,)
+    args = (x2.data_ptr(), code, m, k, count, *pointers, *extras, (ctypes.c_int64 * count)(*rows), y.data_ptr())
+
+    def run(operands=(x2, held, y)) -> int:  # the operands and the output live as long as run does
+        return function(*args)
+
+    return run, y
 
 
 def linear_dense(x: torch.Tensor, w: torch.Tensor, lib: Library | None = None) -> torch.Tensor:

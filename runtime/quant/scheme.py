@@ -36,6 +36,11 @@ class Scheme:
     candidates: dict[str, Callable]  # decode lowerings: the op's signature, the same function ({}: the op stays)
     grouped: bool = False  # scales (and mins) per group of columns, the group size an op argument
     c_shim: str | None = None  # the C declaration AOTInductor calls for `op` (the integer family)
+    # The integer family's op over several weights at once, outputs side by side: (x, [first buffers],
+    # [second buffers], ..., *op_extras) -> (..., rows of all); the decode graphs call it for sibling layers
+    # that read the same activations (exporter.siblings), and AOTInductor its C shim `cat_shim`.
+    cat_op: Callable | None = None
+    cat_shim: str | None = None
     tiled: bool = False  # rows stored in tiles (runtime.quant.tiles): a row is read back through `dequantize`
     planes: tuple[int, ...] = ()  # integers held by an element of each further integer buffer (int5's fifth bits: 8)
 

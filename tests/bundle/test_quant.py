@@ -179,15 +179,22 @@ def test_tuned_bundle_records_every_candidate_and_keeps_the_fastest(runtime, ref
 @pytest.mark.slow
 @_on("tiny-llama")
 def test_integer_bundle_carries_its_kernels_and_calls_them_without_the_proxy_executor(bundle):
-    """The kernels are a listed, hashed bundle file; every graph calls their C shim directly (through the
-    proxy executor a call cost 19 us, 2.5 ms a Gemma step) and names the library as a dependency."""
+    """The kernels are a listed, hashed bundle file; every graph calls their C shims directly (through the
+    proxy executor a call cost 19 us, 2.5 ms a Gemma step) and names the library as a dependency. Each
+    layer's q, k and v projections are one call, its gate and up projections another (exporter.siblings);
+    its o and down projections, and the lm_head, one each."""
     path = bundle("tiny-llama", *QUANTIZED["tiny-llama"])
     m = read_manifest(path)
     assert m.native.file == KERNELS and m.files[KERNELS] == sha256(path / KERNELS)
     assert m.native.isa in KERNEL_ISA_FLAGS and m.native.soname.startswith("libaotpack-kernels-")
     with zipfile.ZipFile(path / "decode.pt2") as package:
         wrappers = [package.read(n).decode() for n in package.namelist() if n.endswith("wrapper.cpp")]
-    assert wrappers and all("aoti_torch_cpu_dot_linear_int8(" in text for text in wrappers)
+    layers = len(m.cache_layout)
+    assert wrappers and all(
+        text.count("CHECK(aoti_torch_cpu_dot_linear_int8_cat(") == 2 * layers
+        and text.count("CHECK(aoti_torch_cpu_dot_linear_int8(") == 2 * layers + 1
+        for text in wrappers
+    )
     assert not any("proxy_executor_call_function" in text for text in wrappers)
 
 
@@ -219,8 +226,9 @@ def test_changed_kernels_are_refused(bundle, tmp_path):
 
 @pytest.mark.slow
 def test_auto_times_both_kernel_families_and_keeps_the_faster(tmp_path):
-    """`--quant-kernels auto`: each family is timed on the largest weight, as its graph would run it, at
-    batch 1 and at the bundle's largest batch; the rates go in the manifest, the faster total wins."""
+    """`--quant-kernels auto`: the integer kernels' builds are timed over every quantized layer's weight, then
+    each family on the largest weight, as its graph would run it, at batch 1 and at the bundle's largest
+    batch; the rates go in the manifest, the faster totals win."""
     from exporter import kernels, quant_family, quantize
     from exporter.config import ExportConfig
     from exporter.model import load_model

@@ -79,6 +79,11 @@ def _int5(n: int, k: int, group: int, g: torch.Generator):
     return q, scales, (*int5_dot.arrange(q), tiles.tile_rows(scales))
 
 
+def _tiled_bf16(shape: tuple[int, int], count: int, g: torch.Generator) -> list[torch.Tensor]:
+    """`count` random bf16 tensors of `shape` in [0, 1), rows tiled: int4's scales and mins."""
+    return [tiles.tile_rows(torch.rand(*shape, generator=g).bfloat16()) for _ in range(count)]
+
+
 def _close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
     scale = expected.abs().max().item()
     tolerance = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 1e-3}[dtype]
@@ -329,3 +334,51 @@ def test_an_integer_quantized_weight_dequantizes_to_its_grid():
     torch.testing.assert_close(scheme(spec).dequantize(spec, *packed), expected)
     ids = torch.tensor([8, 0, 4])
     torch.testing.assert_close(scheme(spec).gather(spec, packed, ids), expected[ids])
+
+
+# (M, parts' N): whole tiles, parts with lone rows and of fewer rows than a tile, and in the amx build a
+# part of 1,024 outputs or more on tiles (5 to 32 rows) beside parts on the VNNI path
+CAT = [(1, (48, 16, 16)), (3, (19, 1, 37)), (9, (1029, 48, 5)), (70, (32, 21)), (2, (16,) * 8)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("m", "rows"), CAT)
+def test_several_weights_in_one_call_compute_each_ones_bits(lib, m, rows, dtype):
+    """The cat call (the decode graphs' sibling layers: exporter.siblings) gives every output column the bits
+    of that weight's own call, the weights' outputs side by side, at any batch and in every scheme."""
+    g = torch.Generator().manual_seed(m + len(rows))
+    k = 96
+    x = torch.randn(m, k, generator=g).to(dtype)
+    int8 = [
+        (int8_dot.arrange(torch.randint(-127, 128, (n, k), generator=g).to(torch.int8)), torch.rand(n)) for n in rows
+    ]
+    int4 = [
+        (int4_dot.arrange(torch.randint(0, 16, (n, k), generator=g)), *_tiled_bf16((n, k // 32), 2, g)) for n in rows
+    ]
+    int5 = [_int5(n, k, 32, g)[2] for n in rows]
+    for what, weights, single, group in (
+        ("int8", int8, native.linear_int8, ()),
+        ("int4", int4, native.linear_int4, (32,)),
+        ("int5", int5, native.linear_int5, (32,)),
+    ):
+        separate = torch.cat([single(x, *weight, *group, lib) for weight in weights], -1)
+        assert torch.equal(native.linear_cat(what, x, list(zip(*weights, strict=True)), *group, lib=lib), separate), (
+            what
+        )
+
+
+def test_a_cat_call_refuses_what_its_single_calls_would():
+    """Too many weights, operand lists of different lengths, or a weight whose width is not x's are refused
+    before the kernel reads anything."""
+    x = torch.randn(2, 64)
+    codes, scales = int8_dot.arrange(torch.randint(-127, 128, (16, 64)).to(torch.int8)), torch.rand(16)
+    with pytest.raises(ValueError, match="1 to 8 weights"):
+        native.linear_cat("int8", x, ([codes] * 9, [scales] * 9))
+    with pytest.raises(ValueError, match="1 to 8 weights"):
+        native.linear_cat("int8", x, ([codes] * 2, [scales]))
+    narrow = int8_dot.arrange(torch.randint(-127, 128, (16, 32)).to(torch.int8))
+    with pytest.raises(ValueError, match=r"takes \(N, 64\) codes"):
+        native.linear_cat("int8", x, ([codes, narrow], [scales, scales]))
+    q5 = _int5(16, 64, 32, torch.Generator().manual_seed(1))[2]
+    with pytest.raises(ValueError, match="int5 kernel takes"):
+        native.linear_cat("int5", x, ([q5[0]], [q5[1]], [q5[2][:8]]), 32)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exporter.compile import kernel_options
-from exporter.lowering import BUSY_CPU_SHARE, KNOWN_GOOD, LINEAR, NOISY_SPREAD, WeightShape, _noise, kept, tune
+from exporter.lowering import BUSY_CPU_SHARE, KNOWN_GOOD, LINEAR, NOISY_SPREAD, WeightShape, kept, noise_of, tune
 from exporter.timing import Interleaved, interleaved_seconds
 
 
@@ -61,7 +61,7 @@ def _timed(spread: float, share: float, reduce_best: float = 1.1) -> Interleaved
     [(0.05, 0.7, None), (NOISY_SPREAD + 0.01, 0.7, "reduce's median call 21% over"), (0.05, 0.3, "had 30% of")],
 )
 def test_noise_is_a_scattered_candidate_or_busy_cores(spread, share, noisy):
-    reason = _noise(_timed(spread, share))
+    reason = noise_of(_timed(spread, share))
     assert reason is None if noisy is None else noisy in reason
 
 
@@ -69,13 +69,13 @@ def test_noise_is_a_scattered_candidate_or_busy_cores(spread, share, noisy):
 def test_a_scattered_loser_is_noise_only_if_its_scatter_could_have_made_it_win(reduce_best, noisy):
     """`reduce` 50 % scattered: its fastest call, if slowed by as much, could have been 1.1 / 1.5 or
     1.4 / 1.5 of `aten`'s (noise) but not 1.6 / 1.5 or 3.0 / 1.5 (the choice stands: `aten`)."""
-    assert (_noise(_timed(0.5, 0.7, reduce_best)) is not None) == noisy
+    assert (noise_of(_timed(0.5, 0.7, reduce_best)) is not None) == noisy
 
 
-def test_a_scattered_winner_is_not_noise():
+def test_a_scattered_winner_is_notnoise_of():
     """Scatter only slows a call down: the winner's lead can only have been larger."""
     timed = Interleaved(best={"aten": 1.0, "reduce": 1.05}, spread={"aten": 0.8, "reduce": 0.02}, cpu_share=0.7)
-    assert _noise(timed) is None
+    assert noise_of(timed) is None
 
 
 @pytest.mark.parametrize(
@@ -87,14 +87,14 @@ def test_noise_keeps_the_known_good_candidate_only_where_it_could_have_won(reduc
     is not, and the fastest stands."""
     best = {"aten": 1.0, "reduce": reduce_best, "dense": 0.9}
     timed = Interleaved(best=best, spread={"aten": 0.4, "reduce": 0.1, "dense": 0.02}, cpu_share=share)
-    noisy = _noise(timed)
+    noisy = noise_of(timed)
     assert noisy is not None and kept(timed, noisy, "reduce") == chosen
     assert kept(Interleaved(best=best, spread=dict.fromkeys(best, 0.01), cpu_share=0.7), None, "reduce") == "dense"
 
 
 def test_a_cuda_export_is_not_judged_by_its_idle_cpu_threads():
-    assert _noise(_timed(0.05, 0.12), cpu=False) is None
-    assert "reduce's median call" in _noise(_timed(0.5, 0.12), cpu=False)
+    assert noise_of(_timed(0.05, 0.12), cpu=False) is None
+    assert "reduce's median call" in noise_of(_timed(0.5, 0.12), cpu=False)
 
 
 def _busy(seconds: float) -> None:
@@ -133,10 +133,10 @@ def test_the_kernel_families_and_the_integer_builds_are_raced_and_noise_keeps_th
     monkeypatch, noisy_race
 ):
     """`--quant-kernels auto` (exporter.quant_family): the integer kernels' two builds (several tiles or one
-    a pass) raced, the faster one serving the eager op; then each family's fastest candidate raced
-    against the other's, at batch 1 and at the bundle's batch; the faster totals win unless a race stays
-    noise in RACES runs, which keeps the known-good build or family ("builds once": noise, then a clean
-    run, which counts)."""
+    a pass) raced over every quantized layer's weight in turn, the faster one serving the eager op; then
+    each family's fastest candidate raced against the other's, at batch 1 and at the bundle's batch; the
+    faster totals win unless a race stays noise in RACES runs, which keeps the known-good build or family
+    ("builds once": noise, then a clean run, which counts)."""
     from types import SimpleNamespace
 
     from exporter import quant_family
@@ -146,23 +146,32 @@ def test_the_kernel_families_and_the_integer_builds_are_raced_and_noise_keeps_th
     raced = []
     build_rates = {"tiles": 2.0, "one-tile": 4.0}
 
-    def race(entrants, dtype, device, batch):
-        kind = "families" if INTEGER in entrants else "builds"
+    def timed(kind, batch, entrants, rates):
         again = (kind, batch) in [(k, b) for k, b, _ in raced]
-        raced.append((kind, batch, {name: shape.op for name, (shape, _, _) in entrants.items()}))
-        rates = {INTEGER: 3.0, INDUCTOR: 5.0} if kind == "families" else build_rates
+        raced.append((kind, batch, entrants))
         noisy = noisy_race is not None and noisy_race.startswith(kind) and batch == 2
         return rates, NOISE if noisy and not (again and noisy_race == "builds once") else None
+
+    def race(entrants, dtype, device, batch):
+        shapes = {name: shape.op for name, (shape, _, _) in entrants.items()}
+        return timed("families", batch, shapes, {INTEGER: 3.0, INDUCTOR: 5.0})
+
+    def race_step(libraries, weights, dtype, batch):  # every layer's weight, each in its own memory
+        assert [(cols, operands[0].shape) for _, cols, operands, _ in weights] == [(32, (64, 32)), (32, (128, 32))]
+        return timed("builds", batch, libraries, build_rates)
 
     builds = {one: SimpleNamespace(library=f"{name} library") for name, one in quant_family.BUILDS.items()}
     registered = []
     monkeypatch.setattr(quant_family, "race", race)
+    monkeypatch.setattr(quant_family, "_race_step", race_step)
     monkeypatch.setattr(quant_family, "fastest", lambda shape, *a, **k: "first")
     monkeypatch.setattr(quant_family.kernels, "build", lambda isa, log, serve, one_tile: builds[one_tile])
     monkeypatch.setattr(quant_family.native, "register", registered.append)
     config = ExportConfig(model="tiny-llama", out="unused", quantize="int8", batch_size=2)
     spec = config.quant_spec(INTEGER)
-    plan = type("Plan", (), {"method": "int8", "group_size": None, "spec": lambda self, path: spec})
+    plan = type(
+        "Plan", (), {"method": "int8", "group_size": None, "linears": ("a", "b"), "spec": lambda self, path: spec}
+    )
     family = quant_family.choose(config, plan(), {"a": (64, 32), "b": (128, 32)}, log=lambda _: None)
     runs = {None: (1, 1), "families": (1, quant_family.RACES), "builds": (quant_family.RACES, 1), "builds once": (2, 1)}
     builds_at_2, families_at_2 = runs[noisy_race]
@@ -172,7 +181,7 @@ def test_the_kernel_families_and_the_integer_builds_are_raced_and_noise_keeps_th
         ("families", 1),
         *[("families", 2)] * families_at_2,
     ]
-    assert raced[0][2] == dict.fromkeys(quant_family.BUILDS, "int8-dot")
+    assert raced[0][2] == {name: f"{name} library" for name in quant_family.BUILDS}
     assert raced[1 + builds_at_2][2] == {INTEGER: "int8-dot", INDUCTOR: "int8"}
     build = "tiles" if noisy_race == "builds" else "one-tile"
     assert registered == [f"{build} library"]
