@@ -36,6 +36,7 @@ PRIVATE_SYMBOLS = (
     ("transformers.configuration_utils.PreTrainedConfig", "_attn_implementation", "property"),
     ("torch._inductor.codegen.cpp.CppKernel", "decide_parallel_depth", ("max_parallel_depth", "threads")),
     ("torch._inductor.codegen.cpp", "ParallelDepth", ("parallel_depth", "start_depth")),
+    ("torch._guards", "detect_fake_mode", ("inputs",)),
 )
 _FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"  # read by transformers.integrations.sdpa_attention at call time
 
@@ -147,6 +148,14 @@ def package_metadata_and_constants(package: str, model_name: str) -> tuple[dict,
     with float_environment_kept():
         loaded = load_package(package, model_name)
     return loaded.get_metadata(), loaded.get_constant_fqns()
+
+
+def fake_mode(values):
+    """The fake mode an exported graph's `meta["val"]` tensors live in: a rewrite of the graph
+    (exporter.siblings) computes its new nodes' values in it."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode(values)
 
 
 def cpu_flash_attention(query, key, value, mask, scale):

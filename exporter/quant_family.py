@@ -18,6 +18,7 @@ every decode graph computes. CUDA bundles take Inductor's: the integer kernels a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -44,12 +45,17 @@ KNOWN_GOOD_BUILD = "tiles"
 # was noise, where one-tile had read 1.35x tiles' rate at batch 1: its batch-1 graph then stepped in 9.4
 # ms against one-tile's 8.3 (each build's bundle, the graphs called directly, interleaved, 6 rounds).
 RACES = 3
+# The builds' race holds a random copy of a step's weights: up to this many bytes of them, the layers in
+# order (all of a model of half a billion int8 weights; a larger model's first layers, which call the same
+# shapes as the rest).
+STEP_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
 class Family:
     kernels: str  # INTEGER or INDUCTOR
-    rates: dict[str, float]  # "<family>@<batch>": GB/s on the timed weight; {} when not timed
+    # "<family>@<batch>": GB/s on the timed weight, "<build>@<batch>" over a step's weights; {} when not timed
+    rates: dict[str, float]
     built: kernels.Built | None  # the integer kernels, when they are the family
     noise: str | None = None  # why the timing was not trusted (KNOWN_GOOD kept), or None
 
@@ -66,13 +72,11 @@ def choose(config: ExportConfig, plan: Quantization, shapes: dict[str, tuple[int
         return Family(INTEGER, build_rates, built, build_noise)
     inductor = replace(integer, op=scheme(QuantSpec(method, group, INDUCTOR)).name)
     options = kernel_options(config.device, config.cpu_isa, dequantizing=True)
-    chosen, rates, noise = _faster(
-        lambda batch: race({
-            INTEGER: (integer, _through(built.library, integer), {}),
-            INDUCTOR: (inductor, fastest(inductor, dtype, config.device, options, batch, log), options),
-        }, dtype, config.device, batch),
-        config, KNOWN_GOOD,
-    )  # fmt: skip
+    entrants = functools.cache(lambda batch: {  # tuned once a batch, however often its race runs
+        INTEGER: (integer, _through(built.library, integer), {}),
+        INDUCTOR: (inductor, fastest(inductor, dtype, config.device, options, batch, log), options),
+    })  # fmt: skip
+    chosen, rates, noise = _faster(lambda batch: race(entrants(batch), dtype, config.device, batch), config, KNOWN_GOOD)
     kept = f"; {'; '.join(noise)}: kept the known-good {chosen}" if noise else ""
     log(f"quantized layers: {chosen} kernels ({', '.join(f'{k} {v} GB/s' for k, v in rates.items())}){kept}")
     rates |= build_rates
@@ -110,16 +114,20 @@ def _integer_build(config: ExportConfig, weights: list, dtype, log) -> tuple[ker
 def _step_weights(plan: Quantization, shapes: dict[str, tuple[int, int]]) -> list[tuple]:
     """A decode step's worth of weights for the builds' race: each quantized linear layer's, in the plan's
     order, as random bits of its shape and method in the integer family's layout, each in its own memory
-    (method, columns, operands, group size). A step's calls of small weights cost more than their bytes,
-    and the build that streams one big weight faster is not always the one that steps faster:
-    SmolLM2-135M int8 on an AMD EPYC Zen 4, raced on its lm_head alone, kept tiles (36.6 against 35.0
-    GB/s), whose step took 7.1 ms against one-tile's 6.0 (artifacts/bench/epyc-zen4/fused/)."""
-    weights = []
+    (method, columns, operands, group size), up to STEP_BYTES. A step's calls of small weights cost more
+    than their bytes, and the build that streams one big weight faster is not always the one that steps
+    faster: SmolLM2-135M int8 on an AMD EPYC Zen 4, raced on its lm_head alone, kept tiles (36.6 against
+    35.0 GB/s), whose step took 7.1 ms against one-tile's 6.0 (artifacts/bench/epyc-zen4/fused/)."""
+    weights, size = [], 0
     for path in plan.linears:
         spec, (rows, cols) = plan.spec(path), shapes[path]
         integer = scheme(QuantSpec(spec.method, spec.group_size, INTEGER))
         _, *operands = example(WeightShape(integer.name, rows, cols, spec.group_size), rows, torch.float32, "cpu")
-        weights.append((spec.method, cols, [t for t in operands if torch.is_tensor(t)], spec.group_size))
+        tensors = [t for t in operands if torch.is_tensor(t)]
+        size += sum(t.numel() * t.element_size() for t in tensors)
+        if weights and size > STEP_BYTES:
+            break
+        weights.append((spec.method, cols, tensors, spec.group_size))
     return weights
 
 

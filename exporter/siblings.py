@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-from torch._guards import detect_fake_mode
 
+from exporter.compat import fake_mode
 from runtime.quant import SCHEMES
 from runtime.quant.native import MAX_PARTS
 
@@ -29,12 +29,13 @@ def fuse_siblings(exported) -> int:
     """Rewrite `exported`'s graph in place: every group of a scheme's calls on one activation tensor (and
     one group size) becomes one cat call, up to MAX_PARTS weights a call. Returns the calls saved."""
     graph = exported.graph_module.graph
+    order = {node: i for i, node in enumerate(graph.nodes)}
     saved = 0
     for scheme in (s for s in SCHEMES.values() if s.cat_op is not None):
         for nodes in _siblings(graph, scheme).values():
             for start in range(0, len(nodes), MAX_PARTS):
                 chunk = nodes[start : start + MAX_PARTS]
-                if len(chunk) > 1:
+                if len(chunk) > 1 and _fusable(chunk, order):
                     _fuse(graph, scheme, chunk)
                     saved += len(chunk) - 1
     if saved:
@@ -52,14 +53,24 @@ def _siblings(graph, scheme) -> dict[tuple, list]:
     return groups
 
 
+def _fusable(nodes: list, order: dict) -> bool:
+    """Whether one call placed before the first of `nodes` can stand for them all: every weight they read
+    is defined by then (an exported graph's weights are placeholders, before every call), and none of them
+    is an output of the graph (its signature names the node)."""
+    first = order[nodes[0]]
+    weights = [arg for node in nodes for arg in node.args[1:] if isinstance(arg, torch.fx.Node)]
+    outputs = any(user.op == "output" for node in nodes for user in node.users)
+    return all(order[weight] < first for weight in weights) and not outputs
+
+
 def _fuse(graph, scheme, nodes: list) -> None:
-    """One cat call in place of `nodes` (same activations, in graph order), before the first of them (every
-    input exists by then: the activations and the weights), each one's users reading its slice."""
+    """One cat call in place of `nodes` (same activations, in graph order; _fusable), before the first of
+    them, each one's users reading its slice."""
     x, extras = nodes[0].args[0], nodes[0].args[1 + len(scheme.tensors) :]
     operands = [[node.args[1 + i] for node in nodes] for i in range(len(scheme.tensors))]
     values = [node.meta["val"] for node in nodes]  # (..., N_p) each
     dim = values[0].dim() - 1
-    with detect_fake_mode(values):
+    with fake_mode(values):
         fused_value = torch.cat(values, dim)  # (..., sum of N_p)
     with graph.inserting_before(nodes[0]):
         fused = graph.call_function(scheme.cat_op, (x, *operands, *extras))
@@ -68,7 +79,7 @@ def _fuse(graph, scheme, nodes: list) -> None:
         for node, value in zip(nodes, values, strict=True):
             end = start + value.shape[-1]
             part = graph.call_function(_SLICE, (fused, dim, start, end))
-            with detect_fake_mode(values):
+            with fake_mode(values):
                 part.meta["val"] = _SLICE(fused_value, dim, start, end)
             node.replace_all_uses_with(part)
             start = end

@@ -229,12 +229,11 @@ __attribute__((noinline)) void tiles_pass(const Int8& s, const Activations& a, c
 #undef AOTPACK_PRODUCTS
 #undef AOTPACK_STORE
 
-// This thread's share of y (M, N) on tiles, inside the team: an even share of the weight tiles, 2 at a
-// time, each against the activation rows 8 at a time (the 2 tiles stay in cache while further rows pass);
-// then the lone rows.
-template <int D> void tiles_team(const Int8& s, const Activations& a, Pairs& pairs, int64_t N, Out o) {
+// This thread's share of the weight's N outputs (at `o`) on tiles, inside the team, `pairs` filled: an even
+// share of the weight tiles, 2 at a time, each against the activation rows 8 at a time (the 2 tiles stay in
+// cache while further rows pass); then the lone rows.
+template <int D> void tiles_team(const Int8& s, const Activations& a, const Pairs& pairs, int64_t N, Out o) {
   const int64_t M = a.M, tiles = N / TILE;
-  pairs.fill_share(a);
   const auto [first, last] = my_share(tiles);
   // tiles for a whole chunk of 8 rows once M > 8 (a short last chunk's rows past M hold zeros or stale
   // bytes whose sums are not read), not reset between chunks of two sizes each pass
@@ -305,6 +304,7 @@ int32_t linear_int8(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
     with_dtype(dtype, [&](auto d) {
       if (nv) gemm_team<decltype(d)::value>(vectors, nv, a, y, ld);
 #if defined(AOTPACK_AMX)
+      if (nt) pairs.fill_share(a);  // once, for every tiled part (its `omp for` ends when all are filled)
       for (int64_t p = 0; p < nt; p++)
         tiles_team<decltype(d)::value>(tiled[p].s, a, pairs, tiled[p].N, Out{y, ld, tiled[p].col});
 #endif

@@ -129,7 +129,9 @@ class Quantization:
     int8_paths: tuple[str, ...]  # modules (linears, the embedding) an int4 bundle's recipe holds at int8
     int5_paths: tuple[str, ...]  # ...and at int5 (`mixed` in the integer family: Q4_K_M's Q5_0 fallback)
     scales: str  # how int4 scales and mins were chosen: "minmax" (the group's range) or "mse" (searched)
-    kernel_rates: dict[str, float]  # each family's weight read rate (GB/s) on the largest weight at export
+    # each family's weight read rate (GB/s) on the largest weight at export; the integer kernels' builds'
+    # over a step's worth of weights ("tiles@1", "one-tile@1", ...)
+    kernel_rates: dict[str, float]
     kernel_noise: str | None  # why that timing was not trusted and the known-good family kept, or None
 
     def spec(self, path: str) -> QuantSpec:

@@ -3,8 +3,9 @@
 Owns: loading the library a bundle carries (after checking that this CPU has the instructions it was
 compiled for: a missing one would kill the process with SIGILL), checking its interface version, and the
 eager calls the prefill makes through it (ctypes, which releases the GIL). The decode graphs call the
-same functions through their C shims (`aoti_torch_cpu_dot_linear_int8`, `..._int4`, `..._int5`), linked by the
-library's soname, so it is loaded here before any graph.
+same functions through their C shims (`aoti_torch_cpu_dot_linear_int8`, `..._int4`, `..._int5`, and their
+`..._cat` forms over several weights), linked by the library's soname, so it is loaded here before any
+graph.
 
 The library is compiled by the exporter (exporter.kernels) from exporter/csrc; the runtime never
 compiles anything. Every library loaded in a process serves the eager op: their integer kernels compute
@@ -184,8 +185,12 @@ def linear_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, lib:
 
 
 def _check_int8(k: int, codes: torch.Tensor, scales: torch.Tensor) -> None:
-    if codes.dim() != 2 or codes.shape[1] != k or scales.numel() != codes.shape[0]:
-        raise ValueError(f"aotpack's int8 kernel takes (N, {k}) codes and N scales, got {tuple(codes.shape)}")
+    shaped = codes.dim() == 2 and codes.shape[1] == k and scales.numel() == codes.shape[0]
+    if not shaped or codes.dtype != torch.uint8 or scales.dtype != torch.float32:
+        raise ValueError(
+            f"aotpack's int8 kernel takes uint8 (N, {k}) codes and N float32 scales, got {codes.dtype} "
+            f"{tuple(codes.shape)} and {scales.dtype} {tuple(scales.shape)}"
+        )
 
 
 def linear_int4(x, codes, scales, mins, group_size: int, lib: Library | None = None) -> torch.Tensor:
@@ -246,11 +251,15 @@ def linear_cat(what: str, x: torch.Tensor, parts, group_size: int | None = None,
 
 def prepared_cat(what: str, x: torch.Tensor, parts, group_size: int | None = None, lib: Library | None = None):
     """linear_cat's call, checked and made ready: (run, y), where run() computes y (M, N_1 + N_2 + ...) from
-    the operands as they are now and returns the kernel's status; the exporter times the kernels' builds
-    with such calls, which cost the interpreter about as little as the decode graph's C shims cost it."""
+    x and the weights (contiguous copies of any that were not, made now) and returns the kernel's status;
+    the exporter times the kernels' builds with such calls, which cost the interpreter about as little as
+    the decode graph's C shims cost it."""
     count = len(parts[0])
     if not 1 <= count <= MAX_PARTS or any(len(tensors) != count for tensors in parts):
         raise ValueError(f"aotpack's {what} kernel takes 1 to {MAX_PARTS} weights a call, each with all its operands")
+    if (group_size is None) != (what == "int8"):  # the C function's arguments follow: a wrong count misreads
+        takes = "no" if what == "int8" else "a"
+        raise ValueError(f"aotpack's {what} kernel takes {takes} group size, got {group_size}")
     x2, code, m, k = _operands(x, [t for tensors in parts for t in tensors])
     for weight in zip(*parts, strict=True):
         if what == "int8":

@@ -368,8 +368,8 @@ def test_several_weights_in_one_call_compute_each_ones_bits(lib, m, rows, dtype)
 
 
 def test_a_cat_call_refuses_what_its_single_calls_would():
-    """Too many weights, operand lists of different lengths, or a weight whose width is not x's are refused
-    before the kernel reads anything."""
+    """Too many weights, operand lists of different lengths, a weight whose width is not x's, or a group size
+    where the scheme takes none (and none where it takes one) are refused before the kernel reads anything."""
     x = torch.randn(2, 64)
     codes, scales = int8_dot.arrange(torch.randint(-127, 128, (16, 64)).to(torch.int8)), torch.rand(16)
     with pytest.raises(ValueError, match="1 to 8 weights"):
@@ -377,8 +377,12 @@ def test_a_cat_call_refuses_what_its_single_calls_would():
     with pytest.raises(ValueError, match="1 to 8 weights"):
         native.linear_cat("int8", x, ([codes] * 2, [scales]))
     narrow = int8_dot.arrange(torch.randint(-127, 128, (16, 32)).to(torch.int8))
-    with pytest.raises(ValueError, match=r"takes \(N, 64\) codes"):
+    with pytest.raises(ValueError, match=r"takes uint8 \(N, 64\) codes"):
         native.linear_cat("int8", x, ([codes, narrow], [scales, scales]))
+    with pytest.raises(ValueError, match="int8 kernel takes no group size, got 32"):
+        native.linear_cat("int8", x, ([codes], [scales]), 32)
     q5 = _int5(16, 64, 32, torch.Generator().manual_seed(1))[2]
     with pytest.raises(ValueError, match="int5 kernel takes"):
         native.linear_cat("int5", x, ([q5[0]], [q5[1]], [q5[2][:8]]), 32)
+    with pytest.raises(ValueError, match="int5 kernel takes a group size, got None"):
+        native.linear_cat("int5", x, ([q5[0]], [q5[1]], [q5[2]]))

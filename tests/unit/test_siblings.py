@@ -76,3 +76,19 @@ def test_a_graph_without_siblings_is_left_as_it_is():
     exported = torch.export.export(_Apart(_Layer(torch.Generator().manual_seed(0))), (torch.randn(1, 1, 32),))
     before = str(exported.graph)
     assert fuse_siblings(exported) == 0 and str(exported.graph) == before
+
+
+class _Outputs(nn.Module):
+    """Sibling calls whose outputs are the graph's own: left apart (the export's signature names them)."""
+
+    def __init__(self, layer: _Layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer.int8(x, "q"), self.layer.int8(x, "k")
+
+
+def test_sibling_calls_that_are_graph_outputs_are_left_apart():
+    exported = torch.export.export(_Outputs(_Layer(torch.Generator().manual_seed(1))), (torch.randn(1, 1, 32),))
+    assert fuse_siblings(exported) == 0
