@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from runtime.quant import native
+from runtime.quant.scheme import product_like
 
 
 def _shim(name: str) -> str:
@@ -40,10 +41,7 @@ def _float_op(name: str, kernel: str):
     def op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return getattr(native, kernel)(x, w)
 
-    @op.register_fake
-    def _(x, w):
-        return x.new_empty(*x.shape[:-1], w.shape[0])
-
+    op.register_fake(product_like)
     return getattr(torch.ops.aotpack, name).default
 
 

@@ -15,7 +15,7 @@ import torch
 
 from runtime.format.quant import INDUCTOR, INT4, QuantSpec
 from runtime.quant.kernels import activations, as_int32, each_row, rows_outer
-from runtime.quant.scheme import Scheme, dequantized_linear, pack_words
+from runtime.quant.scheme import Scheme, dequantized_linear, pack_words, product_like
 
 _TINY = torch.finfo(torch.float32).tiny
 SCALE_DTYPE = torch.bfloat16  # scale and min per group: bf16 halves them
@@ -73,9 +73,7 @@ def woq_linear_int4(
     return dequantized_linear(x, QuantSpec(INT4, group_size, INDUCTOR), dequantize, (words, scales, mins))
 
 
-@woq_linear_int4.register_fake
-def _(x, words, scales, mins, group_size):
-    return x.new_empty(*x.shape[:-1], words.shape[0])
+woq_linear_int4.register_fake(product_like)
 
 
 def reduce_nibbles(x, words, scales, mins, group_size):

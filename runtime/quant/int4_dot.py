@@ -19,7 +19,7 @@ import torch
 
 from runtime.format.quant import INT4, INTEGER
 from runtime.quant import int4, native, tiles
-from runtime.quant.scheme import Scheme
+from runtime.quant.scheme import Scheme, cat_like, product_like
 
 
 def _byte_of(cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,9 +58,7 @@ def dot_linear_int4(
     return native.linear_int4(x, codes, scales, mins, group_size)
 
 
-@dot_linear_int4.register_fake
-def _(x, codes, scales, mins, group_size):
-    return x.new_empty(*x.shape[:-1], codes.shape[0])
+dot_linear_int4.register_fake(product_like)
 
 
 @torch.library.custom_op("aotpack::dot_linear_int4_cat", mutates_args=())
@@ -71,9 +69,7 @@ def dot_linear_int4_cat(
     return native.linear_cat(INT4, x, (codes, scales, mins), group_size)
 
 
-@dot_linear_int4_cat.register_fake
-def _(x, codes, scales, mins, group_size):
-    return x.new_empty(*x.shape[:-1], sum(c.shape[0] for c in codes))
+dot_linear_int4_cat.register_fake(cat_like)
 
 
 SCHEME = Scheme(

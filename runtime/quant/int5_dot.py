@@ -21,7 +21,7 @@ import torch
 
 from runtime.format.quant import INT5, INTEGER
 from runtime.quant import int4_dot, native, tiles
-from runtime.quant.scheme import Scheme
+from runtime.quant.scheme import Scheme, cat_like, product_like
 
 SCALE_DTYPE = torch.float16  # Q5_0's: a weight on its grid keeps its exact step
 OFFSET = 16  # q - 16 in -16..15
@@ -93,9 +93,7 @@ def dot_linear_int5(
     return native.linear_int5(x, codes, highs, scales, group_size)
 
 
-@dot_linear_int5.register_fake
-def _(x, codes, highs, scales, group_size):
-    return x.new_empty(*x.shape[:-1], codes.shape[0])
+dot_linear_int5.register_fake(product_like)
 
 
 @torch.library.custom_op("aotpack::dot_linear_int5_cat", mutates_args=())
@@ -106,9 +104,7 @@ def dot_linear_int5_cat(
     return native.linear_cat(INT5, x, (codes, highs, scales), group_size)
 
 
-@dot_linear_int5_cat.register_fake
-def _(x, codes, highs, scales, group_size):
-    return x.new_empty(*x.shape[:-1], sum(c.shape[0] for c in codes))
+dot_linear_int5_cat.register_fake(cat_like)
 
 
 SCHEME = Scheme(

@@ -14,7 +14,7 @@ import torch
 
 from runtime.format.quant import INDUCTOR, INT8, QuantSpec
 from runtime.quant.kernels import activations, as_int32, each_row, flat, realized, rows_outer
-from runtime.quant.scheme import Scheme, dequantized_linear, pack_words
+from runtime.quant.scheme import Scheme, dequantized_linear, pack_words, product_like
 
 _TINY = torch.finfo(torch.float32).tiny  # keeps an all-zero row's scale finite
 
@@ -50,9 +50,7 @@ def woq_linear_int8(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor) 
     return dequantized_linear(x, QuantSpec(INT8, None, INDUCTOR), dequantize, (words, scales))
 
 
-@woq_linear_int8.register_fake
-def _(x, words, scales):
-    return x.new_empty(*x.shape[:-1], words.shape[0])
+woq_linear_int8.register_fake(product_like)
 
 
 def _byte_planes(words: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from runtime.format.quant import INT8, INTEGER
 from runtime.quant import int8, native, tiles
-from runtime.quant.scheme import Scheme
+from runtime.quant.scheme import Scheme, cat_like, product_like
 
 OFFSET = 128  # stored = weight + OFFSET
 
@@ -48,9 +48,7 @@ def dot_linear_int8(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) 
     return native.linear_int8(x, codes, scales)
 
 
-@dot_linear_int8.register_fake
-def _(x, codes, scales):
-    return x.new_empty(*x.shape[:-1], codes.shape[0])
+dot_linear_int8.register_fake(product_like)
 
 
 @torch.library.custom_op("aotpack::dot_linear_int8_cat", mutates_args=())
@@ -59,9 +57,7 @@ def dot_linear_int8_cat(x: torch.Tensor, codes: list[torch.Tensor], scales: list
     return native.linear_cat(INT8, x, (codes, scales))
 
 
-@dot_linear_int8_cat.register_fake
-def _(x, codes, scales):
-    return x.new_empty(*x.shape[:-1], sum(c.shape[0] for c in codes))
+dot_linear_int8_cat.register_fake(cat_like)
 
 
 SCHEME = Scheme(

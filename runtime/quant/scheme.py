@@ -80,6 +80,17 @@ class Scheme:
         return first.shape[1] * self.fields
 
 
+def product_like(x: torch.Tensor, weight: torch.Tensor, *_) -> torch.Tensor:
+    """What a linear op of x (..., K) and a weight of N rows (its first buffer) returns, for the tracer:
+    every aotpack linear op's fake, whatever its further buffers and arguments."""
+    return x.new_empty(*x.shape[:-1], weight.shape[0])  # (..., N)
+
+
+def cat_like(x: torch.Tensor, weights: list[torch.Tensor], *_) -> torch.Tensor:
+    """The same for a cat op (Scheme.cat_op): the weights' outputs side by side."""
+    return x.new_empty(*x.shape[:-1], sum(w.shape[0] for w in weights))  # (..., N_1 + N_2 + ...)
+
+
 def pack_words(q: torch.Tensor) -> torch.Tensor:
     """(rows, count, fields) small integers, field j of word c in bits [j*bits, (j+1)*bits) ->
     float32-typed words (rows, count) holding those bits."""
