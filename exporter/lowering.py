@@ -138,6 +138,12 @@ def _weight_bytes(args: tuple) -> int:
     return sum(t.numel() * t.element_size() for t in args[1:] if isinstance(t, torch.Tensor))
 
 
+def gb_per_s(size: int, seconds: float) -> float:
+    """`size` bytes in `seconds` as GB/s to three significant figures: never 0 for a real rate (a tiny
+    model's weights on a slow machine read at well under 0.005 GB/s, which two decimals made 0)."""
+    return float(f"{size / seconds / 1e9:.3g}")
+
+
 # A decode step reads ~0.1-1 GB of weights, far more than any last-level cache, so every weight comes
 # from memory. Timing one small weight over and over would time the cache instead, so a small shape is
 # timed as a stack of copies (more rows, same columns) of at least this many bytes: the same kernel,
@@ -209,7 +215,7 @@ def _tuned(shape: WeightShape, dtype, device: str, inductor_options: dict, batch
     fns = {name: _runnable(fn, inductor_options) for name, fn in candidates(shape.op, batch, own).items()}
     with float_environment_kept():  # a compiled candidate's .so is loaded on the first call
         timed = interleaved_seconds(fns, *args, threads=torch.get_num_threads())
-    rates = {name: round(_weight_bytes(args) / seconds / 1e9, 2) for name, seconds in timed.best.items()}
+    rates = {name: gb_per_s(_weight_bytes(args), seconds) for name, seconds in timed.best.items()}
     noisy = noise_of(timed, cpu=device == "cpu") if len(rates) > 1 else None
     known = KNOWN_GOOD.get(shape.op) if KNOWN_GOOD.get(shape.op) in rates else next(iter(rates))
     chosen = kept(timed, noisy, known, cpu=device == "cpu")
@@ -243,7 +249,7 @@ def race(entrants: dict, dtype, device: str, batch: int) -> tuple[dict[str, floa
         fns[name], sizes[name] = functools.partial(fn, *args), _weight_bytes(args)
     with float_environment_kept():
         timed = interleaved_seconds(fns, threads=torch.get_num_threads())
-    rates = {name: round(sizes[name] / seconds / 1e9, 2) for name, seconds in timed.best.items()}
+    rates = {name: gb_per_s(sizes[name], seconds) for name, seconds in timed.best.items()}
     return rates, noise_of(timed, cpu=device == "cpu")
 
 

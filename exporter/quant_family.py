@@ -26,7 +26,7 @@ import torch
 from exporter import kernels
 from exporter.compile import kernel_options
 from exporter.config import ExportConfig
-from exporter.lowering import CANDIDATES, DOT, WeightShape, example, fastest, noise_of, race
+from exporter.lowering import CANDIDATES, DOT, WeightShape, example, fastest, gb_per_s, noise_of, race
 from exporter.timing import interleaved_seconds
 from runtime.compat import float_environment_kept
 from runtime.format.manifest import Quantization
@@ -152,7 +152,7 @@ def _race_step(libraries: dict[str, native.Library], weights: list, dtype, batch
     with float_environment_kept():
         timed = interleaved_seconds({name: step(runs) for name, runs in calls.items()}, threads=torch.get_num_threads())
     size = sum(t.numel() * t.element_size() for _, _, operands, _ in weights for t in operands)
-    return {name: round(size / seconds / 1e9, 2) for name, seconds in timed.best.items()}, noise_of(timed)
+    return {name: gb_per_s(size, seconds) for name, seconds in timed.best.items()}, noise_of(timed)
 
 
 def _faster(race_at, config: ExportConfig, known_good: str, what: str = "") -> tuple[str, dict, list[str]]:

@@ -11,7 +11,17 @@ import pytest
 import torch
 
 from exporter.compile import kernel_options
-from exporter.lowering import BUSY_CPU_SHARE, KNOWN_GOOD, LINEAR, NOISY_SPREAD, WeightShape, kept, noise_of, tune
+from exporter.lowering import (
+    BUSY_CPU_SHARE,
+    KNOWN_GOOD,
+    LINEAR,
+    NOISY_SPREAD,
+    WeightShape,
+    gb_per_s,
+    kept,
+    noise_of,
+    tune,
+)
 from exporter.timing import Interleaved, interleaved_seconds
 
 
@@ -126,6 +136,16 @@ def test_tuning_holds_under_load():
 
 
 NOISE = "the timing was noise (the export had 31% of its cores)"
+
+
+@pytest.mark.parametrize(
+    ("size", "seconds", "rate"),
+    [(4096, 0.002, 0.00205), (12_345_678, 0.001, 12.3), (96 << 20, 0.003, 33.6), (1, 1.0, 1e-09)],
+)
+def test_rates_keep_three_figures_and_a_slow_tiny_weight_is_not_zero(size, seconds, rate):
+    """The races compare 1 / rate: two decimals made a tiny model's 4 KB weight 0 GB/s on a slow machine
+    (CI: ZeroDivisionError in the builds' race)."""
+    assert gb_per_s(size, seconds) == rate
 
 
 @pytest.mark.parametrize("noisy_race", [None, "families", "builds", "builds once"])
