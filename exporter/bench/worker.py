@@ -203,12 +203,13 @@ def direct_step_ms(rt, position: int, steps: int = 20, batch: int = 1) -> float:
     rows = RowPositions(batch, rt.contract.max_cache_len, rt.contract.device)
     rows.place(slice(0, batch), torch.ones(batch, position + 1, dtype=torch.long), position)
     rows.advance(torch.ones(batch, dtype=torch.bool))
-    inputs, kv, token = rows.inputs(batch), [t[:batch] for t in rt.kv], torch.full((batch, 1), 17)
+    position, index, mask = rows.inputs(batch)
+    step = rt.decode.bind(torch.full((batch, 1), 17), position, index, [t[:batch] for t in rt.kv])
     times = []
     with torch.inference_mode():
         for _ in range(steps + WARMUP_STEPS):
             start = time.perf_counter()
-            rt.decode(token, *inputs, kv)
+            step(mask)
             times.append(time.perf_counter() - start)
     return statistics.median(times[WARMUP_STEPS:]) * 1e3
 

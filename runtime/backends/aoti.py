@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,7 +22,14 @@ from torch import nn
 
 from runtime import compat
 from runtime.backends.base import Backend
-from runtime.backends.checks import check_step_inputs, lend_constants
+from runtime.backends.checks import (
+    CACHE_POSITION,
+    PAD_MASK,
+    check_held_inputs,
+    check_span_inputs,
+    check_step_inputs,
+    lend_constants,
+)
 from runtime.cpu import check_cpu_isa
 from runtime.errors import BundleError, IncompatibleBundleError, InvalidInputError
 from runtime.format.contract import DecodeContract, graph_name, graph_title
@@ -77,6 +85,23 @@ class CompiledDecode:
         inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
         tokens = check_step_inputs(self.contract, inputs, self.batches, self.verify_batches)
         return (self._runs if tokens == 1 else self._verifies)[input_ids.shape[0]](inputs)[0]
+
+    def bind(self, input_ids, position_ids, cache_position, kv: list[torch.Tensor]) -> Callable:
+        """The decode step over these tensors, which the caller keeps and updates in place (the engine's
+        rows): checked here once, and held as views only this step has, whose shapes nobody else can
+        change. Each call takes the pad mask (b, span) and checks it and the cache positions' values
+        only: the 64 inputs of a 30-layer step, checked each call and sliced each step, cost ~0.15 ms
+        of a 5 ms SmolLM2-135M int8 step (AMD EPYC Zen 4, 2 threads)."""
+        inputs = [input_ids, position_ids, cache_position, None, *kv]
+        check_held_inputs(self.contract, inputs, self.batches, ())
+        head, kv = [t.view(t.shape) for t in inputs[:PAD_MASK]], [t.view(t.shape) for t in kv]
+        batch, contract, positions = input_ids.shape[0], self.contract, head[CACHE_POSITION]
+
+        def step(pad_mask: torch.Tensor) -> torch.Tensor:
+            check_span_inputs(contract, pad_mask, positions, 1)
+            return self._runs[batch]([*head, pad_mask, *kv])[0]
+
+        return step
 
     def chunk(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> None:
         if self._chunk is None:

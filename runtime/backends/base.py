@@ -7,6 +7,7 @@ corrupts the heap), writes the new keys and values into the cache, and returns n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -22,6 +23,10 @@ class Decode(Protocol):
 
     def __call__(self, input_ids, position_ids, cache_position, pad_mask, kv: list) -> object:
         """input_ids (b, 1), position_ids (b, 1), cache_position (b,), pad_mask (b, L), kv -> logits (b, vocab) fp32."""
+
+    def bind(self, input_ids, position_ids, cache_position, kv: list) -> Callable[[object], object]:
+        """The step over tensors the caller keeps and updates in place, as a call taking the pad mask alone
+        (b, span) -> logits (b, vocab) fp32: what the engine steps through, checked once where a backend can."""
 
     def chunk(self, input_ids, position_ids, cache_position, pad_mask, kv: list) -> None:
         """Where chunk_tokens is C: input_ids (1, C) and position_ids (1, C) of one row's prompt tokens at
@@ -53,6 +58,11 @@ class Backend:
 
     def open(self, bundle: Path, model, manifest, config) -> Decode:
         raise NotImplementedError
+
+
+def checked_each_call(decode: Decode, input_ids, position_ids, cache_position, kv: list) -> Callable:
+    """Decode.bind for a backend whose full checks cost little beside its step (eager, ONNX Runtime)."""
+    return lambda pad_mask: decode(input_ids, position_ids, cache_position, pad_mask, kv)
 
 
 def every_batch(contract) -> tuple[int, ...]:

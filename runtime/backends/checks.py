@@ -13,6 +13,8 @@ from torch import nn
 from runtime.errors import BundleError, InvalidInputError
 from runtime.format.contract import INPUT_NAMES, STEP_INPUTS, DecodeContract
 
+PAD_MASK, CACHE_POSITION = INPUT_NAMES.index("pad_mask"), INPUT_NAMES.index("cache_position")
+
 
 def check_step_inputs(
     contract: DecodeContract,
@@ -26,6 +28,21 @@ def check_step_inputs(
     `batches`, `verify`: the only batches the step has a decode graph, a verify graph for (None: any of
     1..batch_size); `chunk`: a call of the chunk graph (one row, the contract's chunk tokens). Returns
     the tokens per row."""
+    tokens = check_held_inputs(contract, inputs, batches, verify, chunk)
+    check_span_inputs(contract, inputs[PAD_MASK], inputs[CACHE_POSITION], tokens)
+    return tokens
+
+
+def check_held_inputs(
+    contract: DecodeContract,
+    inputs: list,
+    batches: tuple[int, ...] | None = None,
+    verify: tuple[int, ...] | None = None,
+    chunk: bool = False,
+) -> int:
+    """check_step_inputs but for the pad mask (inputs[PAD_MASK] may be None) and the cache positions'
+    values: what a step bound to tensors its caller updates in place keeps (their shapes, dtypes and
+    layout cannot change), so a bound step checks it once (runtime.backends.aoti.CompiledDecode.bind)."""
     if len(inputs) != len(STEP_INPUTS) + 2 * len(contract.layout):
         raise InvalidInputError(
             f"the compiled decode takes {len(STEP_INPUTS)} inputs and {2 * len(contract.layout)} KV tensors, "
@@ -49,15 +66,24 @@ def check_step_inputs(
             f"batch {batch} has no compiled graph (this bundle's are for {list(batches)} rows): step {cover} rows "
             f"(pad with idle rows, as the engine does), or re-export with --batch-buckets including {batch}"
         )
-    span = _span(contract, inputs[INPUT_NAMES.index("pad_mask")])
     for spec, tensor in zip(STEP_INPUTS, inputs, strict=False):
-        shape = contract.shape(spec, batch, span, tokens)
-        _expect(spec.name, tensor, shape, getattr(torch, spec.dtype), contract.device)
+        if spec.name != "pad_mask":
+            _expect(
+                spec.name, tensor, contract.shape(spec, batch, 0, tokens), getattr(torch, spec.dtype), contract.device
+            )
     cache_dtype = getattr(torch, contract.dtype)
     for i, (shape, tensor) in enumerate(zip(contract.kv_shapes(batch), inputs[len(STEP_INPUTS) :], strict=True)):
         _expect(f"layer {i // 2} {('keys', 'values')[i % 2]}", tensor, shape, cache_dtype, contract.device)
-    positions = inputs[INPUT_NAMES.index("cache_position")]
-    low, high = int(positions.min()), int(positions.max())
+    return tokens
+
+
+def check_span_inputs(contract: DecodeContract, pad_mask, positions: torch.Tensor, tokens: int) -> None:
+    """The pad mask (its width is the attended span) and every row's cache position inside that span,
+    for a step whose other inputs check_held_inputs has passed (`positions`: the cache_position it holds)."""
+    span = _span(contract, pad_mask)
+    _expect("pad_mask", pad_mask, (positions.shape[0], span), torch.bool, contract.device)
+    low, high = torch.aminmax(positions)
+    low, high = int(low), int(high)
     if low < 0 or high + tokens - 1 >= span:
         bad = low if low < 0 else high
         last = "" if tokens == 1 else f" (with its {tokens - 1} drafts after it, up to {high + tokens - 1})"
@@ -65,7 +91,6 @@ def check_step_inputs(
             f"cache_position {bad}{last} is outside the attended span 0..{span - 1} (the pad mask's width, at most "
             f"the cache's {contract.max_cache_len})"
         )
-    return tokens
 
 
 def _tokens(contract: DecodeContract, input_ids, chunk: bool) -> int:

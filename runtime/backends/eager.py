@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runtime.backends.base import Backend, every_batch
+from runtime.backends.base import Backend, checked_each_call, every_batch
 from runtime.backends.checks import check_step_inputs
 from runtime.format.contract import DecodeContract
 from runtime.model.step import decode_step
@@ -38,6 +38,9 @@ class EagerDecode:
         inputs = [input_ids, position_ids, cache_position, pad_mask, *kv]
         check_step_inputs(self.contract, inputs)
         return self.step(*inputs)
+
+    def bind(self, input_ids, position_ids, cache_position, kv: list[torch.Tensor]):
+        return checked_each_call(self, input_ids, position_ids, cache_position, kv)
 
     @torch.inference_mode()
     def chunk(self, input_ids, position_ids, cache_position, pad_mask, kv: list[torch.Tensor]) -> None:

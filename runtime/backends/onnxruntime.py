@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime.backends.base import Backend, every_batch
+from runtime.backends.base import Backend, checked_each_call, every_batch
 from runtime.backends.checks import check_step_inputs, lend_constants
 from runtime.errors import BundleError
 from runtime.format.contract import DecodeContract
@@ -103,6 +103,9 @@ class OnnxRuntimeDecode:
         for i, layer in enumerate(self.contract.layout):  # (b, kv_heads, 1, head_dim) each
             write_token(kv[2 * i], kv[2 * i + 1], layer, cache_position, written[2 * i], written[2 * i + 1])
         return logits
+
+    def bind(self, input_ids, position_ids, cache_position, kv: list[torch.Tensor]):
+        return checked_each_call(self, input_ids, position_ids, cache_position, kv)
 
 
 def _bind(bind, name: str, tensor: torch.Tensor) -> None:

@@ -55,11 +55,12 @@ class RowPositions:
         for t in (self.pad_mask, self.position, self.index):
             t[target], t[source] = t[source].clone(), t[target].clone()
 
-    def advance(self, active: torch.Tensor) -> None:
-        """Admit one more token in each `active` row ((B,) bool): the step inputs move on by one."""
+    def advance(self, active: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Admit one more token in each `active` row ((B,) bool; `rows` (n,): their indices, if known):
+        the step inputs move on by one."""
         self.index += active
         self.position += active[:, None]
-        rows = active.nonzero().squeeze(1)  # (n,)
+        rows = active.nonzero().squeeze(1) if rows is None else rows  # (n,)
         self.pad_mask[rows, self.index[rows]] = True
 
     def reach(self, rows: slice, drafts: int) -> None:
@@ -105,8 +106,13 @@ class RowPositions:
         """(position_ids (n, T), cache_position (n,), pad_mask (n, span)) of the first `count` rows for a
         step of T = `tokens` per row (T > 1: a verify step, its queries at indices cache_position + t): the
         step attends to cache indices [0, span), just past the furthest row's last."""
-        span = int(self.index[:count].max()) + tokens
         position = self.position[:count]
         if tokens > 1:
             position = position + torch.arange(tokens, device=position.device)  # (n, T)
-        return position, self.index[:count], self.pad_mask[:count, :span].contiguous()
+        return position, self.index[:count], self.mask(count, tokens)
+
+    def mask(self, count: int, tokens: int = 1) -> torch.Tensor:
+        """pad_mask (n, span) of the first `count` rows: the indices [0, span) a step of `tokens` a row
+        attends to, just past the furthest row's last."""
+        span = int(self.index[:count].max()) + tokens
+        return self.pad_mask[:count, :span].contiguous()

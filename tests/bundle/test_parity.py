@@ -173,3 +173,41 @@ def test_the_compiled_step_over_any_span_equals_it_over_the_whole_cache(name, ru
         torch.testing.assert_close(narrow, whole, atol=1e-4, rtol=1e-4)
         for a, b in zip(whole_kv, span_kv, strict=True):
             torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
+def test_a_bound_step_is_the_checked_step_checked_once_and_its_span_each_call(runtime):
+    """Decode.bind (what the engine steps through): the same logits and cache writes, bit for bit, as the
+    step called with every input; what the caller's tensors are is checked at bind (the kv of another
+    batch, a batch without a graph), and each call's pad mask and the cache positions the caller has
+    written since, before native code runs. The step holds views of its own: reshaping the caller's
+    tensor objects afterwards changes nothing it reads."""
+    from runtime.errors import InvalidInputError
+    from runtime.model.positions import RowPositions
+
+    rt, rows = runtime("tiny-llama"), 4
+    where = RowPositions(rows, rt.contract.max_cache_len, "cpu")
+    for i, fed in enumerate([3, 9, 0, 5]):
+        where.place(slice(i, i + 1), torch.ones(1, fed + 1, dtype=torch.long), fed)
+    where.advance(torch.ones(rows, dtype=torch.bool))
+    torch.manual_seed(0)
+    kv = [torch.randn_like(t[:rows]) for t in rt.kv]
+    tokens, position, index = torch.tensor([[5], [9], [11], [13]]), where.position, where.index
+    bound_kv, called_kv = [t.clone() for t in kv], [t.clone() for t in kv]
+    step = rt.decode.bind(tokens, position, index, bound_kv)
+    assert torch.equal(step(where.mask(rows)), rt.decode(tokens, position, index, where.mask(rows), called_kv))
+    assert all(torch.equal(a, b) for a, b in zip(bound_kv, called_kv, strict=True))
+    with pytest.raises(InvalidInputError, match=r"layer 0 keys has shape \(2, .*needs \(4, "):
+        rt.decode.bind(tokens, position, index, [t[:2] for t in kv])
+    with pytest.raises(InvalidInputError, match="batch 3 has no compiled graph"):
+        rt.decode.bind(tokens[:3], position[:3], index[:3], [t[:3] for t in kv])
+    with pytest.raises(InvalidInputError, match="cache_position 9 is outside the attended span 0..8"):
+        step(where.pad_mask[:, :9].contiguous())
+    with pytest.raises(InvalidInputError, match="pad_mask has dtype torch.int64"):
+        step(where.mask(rows).long())
+    index[1] = rt.contract.max_cache_len  # written in place, as the engine writes it: read at the next call
+    with pytest.raises(InvalidInputError, match=f"cache_position {rt.contract.max_cache_len} is outside"):
+        step(torch.ones(rows, rt.contract.max_cache_len, dtype=torch.bool))
+    index[1], kept = 10, bound_kv[0].clone()
+    bound_kv[0].resize_(1)  # the caller's tensor object: the step's own view still has its shape
+    step(where.mask(rows))
+    assert bound_kv[0].untyped_storage().nbytes() >= kept.numel() * kept.element_size()

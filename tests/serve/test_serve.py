@@ -30,6 +30,7 @@ from helpers import JSON_SCHEMA as SCHEMA
 from helpers import chat
 from openai import APIStatusError, OpenAI
 
+from runtime.backends.base import checked_each_call
 from runtime.serve.config import ServeConfig
 from runtime.serve.server import _Server, bind
 
@@ -832,6 +833,9 @@ class _SlowDecode:
         self.calls += 1
         time.sleep(0.02)
         return self.decode(*args, **kwargs)
+
+    def bind(self, *tensors):  # every step through __call__
+        return checked_each_call(self, *tensors)
 
     def __getattr__(self, name):
         return getattr(self.decode, name)

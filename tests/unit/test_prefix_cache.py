@@ -12,6 +12,7 @@ import pytest
 import torch
 from helpers import GREEDY, assert_each_matches_lone_generate, chat, collected
 
+from runtime.backends.base import checked_each_call
 from runtime.engine.engine import Engine
 
 ROWS, CACHE = 2, 96
@@ -205,6 +206,9 @@ class _Spy:
     def __call__(self, tokens, position, index, pad_mask, kv):
         self.widths.append(pad_mask.shape[1])
         return self.decode(tokens, position, index, pad_mask, kv)
+
+    def bind(self, *tensors):  # every step through __call__
+        return checked_each_call(self, *tensors)
 
     def __getattr__(self, name):
         return getattr(self.decode, name)
