@@ -139,9 +139,10 @@ def _weight_bytes(args: tuple) -> int:
 
 
 def gb_per_s(size: int, seconds: float) -> float:
-    """`size` bytes in `seconds` as GB/s to three significant figures: never 0 for a real rate (a tiny
-    model's weights on a slow machine read at well under 0.005 GB/s, which two decimals made 0)."""
-    return float(f"{size / seconds / 1e9:.3g}")
+    """`size` bytes in `seconds` as GB/s to four significant figures (two decimals at 10-99 GB/s, as the
+    races' rates were): never 0 for a real rate (a tiny model's weights on a slow machine read at well
+    under 0.005 GB/s, which two decimals made 0)."""
+    return float(f"{size / seconds / 1e9:.4g}")
 
 
 # A decode step reads ~0.1-1 GB of weights, far more than any last-level cache, so every weight comes

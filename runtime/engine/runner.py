@@ -35,6 +35,13 @@ def covering(batches: tuple[int, ...], width: int, rows: int) -> int:
     return cover
 
 
+def _first(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """logits (rows, ...) -> the first `width` rows in fp32, calling torch only where that changes them
+    (each call just after a step costs ~10 us: runtime.engine.runner.Runner._active)."""
+    logits = logits if logits.shape[0] == width else logits[:width]
+    return logits if logits.dtype == torch.float32 else logits.float()
+
+
 class Runner:
     def __init__(self, model, decode, contract: DecodeContract):
         """`model`: the eager model (prefill); `decode`: a backend's step (runtime.backends), over the
@@ -166,10 +173,10 @@ class Runner:
         active = self._advance(decoding)
         rows = covering(self.decode.batches, width, self.tokens.shape[0])
         if self._everyone(active, rows):  # no row to rest
-            return self._bound(rows)(self.positions.mask(rows))[:width].float()
+            return _first(self._bound(rows)(self.positions.mask(rows)), width)
         with self._resting(active[:rows], 1):
             logits = self._bound(rows)(self.positions.mask(rows))
-        return logits[:width].float()
+        return _first(logits, width)
 
     def _bound(self, rows: int):
         """The decode step bound to the first `rows` rows' tensors (Decode.bind), made once per decode."""
@@ -259,7 +266,7 @@ class Runner:
             self.positions.reach(slice(row, row + 1), drafted.shape[0])
         with self._resting(active[:rows], k + 1):
             logits = self.decode(tokens, *self.positions.inputs(rows, k + 1), [t[:rows] for t in self.kv])
-        return logits[:width].float()
+        return _first(logits, width)
 
     def settle(self, state: RequestState, accepted: int, drafted: int) -> None:
         """After a verify step: the request's row keeps `accepted` of its `drafted` tokens."""

@@ -13,6 +13,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteria
 
 from runtime.engine.status import FinishReason
+from runtime.errors import InvalidInputError
 from runtime.serve.choices import TextStream
 
 PROMPT = torch.tensor([[5, 17, 40, 9, 66, 31, 8]])
@@ -93,6 +94,17 @@ def test_a_callers_criterion_may_answer_one_bool_for_every_row(rt):
     assert tokens.shape[1] == 2 and reasons == (FinishReason.CRITERION, FinishReason.CRITERION)
     expected = rt.model.generate(two, max_new_tokens=12, do_sample=False, stopping_criteria=[AfterTwo()])
     assert torch.equal(tokens, expected[:, PROMPT.shape[1] :])
+
+
+def test_a_criterion_answering_for_other_rows_fails_its_request_with_why(rt):
+    class ThreeRows(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.zeros(3, dtype=torch.bool)
+
+    two = torch.cat([PROMPT, PROMPT])
+    with pytest.raises(InvalidInputError, match="answered for 3 rows of a 2-row request; it must answer a bool"):
+        rt.generate(two, max_new_tokens=4, stopping_criteria=[ThreeRows()])
+    assert len(_free(rt, 3)) == 3  # the engine goes on
 
 
 def test_each_row_of_a_batch_has_its_own_reason(rt):
