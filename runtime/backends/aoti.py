@@ -93,7 +93,8 @@ class CompiledDecode:
         only: the 64 inputs of a 30-layer step, checked each call and sliced each step, cost ~0.15 ms
         of a 5 ms SmolLM2-135M int8 step (AMD EPYC Zen 4, 2 threads)."""
         inputs = [input_ids, position_ids, cache_position, None, *kv]
-        check_held_inputs(self.contract, inputs, self.batches, ())
+        if check_held_inputs(self.contract, inputs, self.batches, self.verify_batches) != 1:
+            raise InvalidInputError("a bound step takes one token a row; call the decode itself for a verify step")
         head, kv = [t.view(t.shape) for t in inputs[:PAD_MASK]], [t.view(t.shape) for t in kv]
         batch, contract, positions = input_ids.shape[0], self.contract, head[CACHE_POSITION]
 

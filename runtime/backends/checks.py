@@ -81,7 +81,13 @@ def check_span_inputs(contract: DecodeContract, pad_mask, positions: torch.Tenso
     """The pad mask (its width is the attended span) and every row's cache position inside that span,
     for a step whose other inputs check_held_inputs has passed (`positions`: the cache_position it holds)."""
     span = _span(contract, pad_mask)
-    _expect("pad_mask", pad_mask, (positions.shape[0], span), torch.bool, contract.device)
+    _expect(
+        "pad_mask",
+        pad_mask,
+        contract.shape(STEP_INPUTS[PAD_MASK], positions.shape[0], span),
+        torch.bool,
+        contract.device,
+    )
     low, high = torch.aminmax(positions)
     low, high = int(low), int(high)
     if low < 0 or high + tokens - 1 >= span:

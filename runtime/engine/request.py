@@ -286,15 +286,16 @@ class RequestState:
         # takes it.
         b = self.request.batch
         for reason in reasons:
-            read = hits[reason].tolist() if isinstance(hits[reason], torch.Tensor) else hits[reason]
-            read = read if isinstance(read, list) else [read]
-            if len(read) not in (1, b):
+            hit = hits[reason] if isinstance(hits[reason], torch.Tensor) else torch.as_tensor(hits[reason])
+            if hit.dim() > 1 or hit.numel() not in (1, b):
                 raise InvalidInputError(
-                    f"a stopping criterion answered for {len(read)} rows of a {b}-row request; it must answer "
-                    "a bool for each row, or one for all"
+                    f"a stopping criterion answered with shape {tuple(hit.shape)} for a {b}-row request; it must "
+                    f"answer a bool for each row ({b},), or one for all"
                 )
+            read = hit.tolist()  # one value (0-d), or a list of 1 or b
+            read = read if isinstance(read, list) else [read]
             rows = read if len(read) == b else read * b  # (b,): one answer stands for every row
-            self._end_rows(reason, [row for row, hit in enumerate(rows) if hit and self.finish_reasons[row] is None])
+            self._end_rows(reason, [row for row, end in enumerate(rows) if end and self.finish_reasons[row] is None])
 
     def _end_rows(self, reason: FinishReason, rows: list[int] | None = None) -> None:
         """Rows `rows` (default: every running one) end for `reason`."""

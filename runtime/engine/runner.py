@@ -52,7 +52,7 @@ class Runner:
         self.positions = RowPositions(rows, contract.max_cache_len, device)
         self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)  # (B, 1) each row's next step input
         self.chunk_tokens = decode.chunk_tokens  # C: text prompts go in C tokens a call (0: eagerly)
-        self._steps: dict[int, tuple] = {}  # rows -> (decode, its step bound to those rows: _bound)
+        self._steps: tuple = ((None, (), []), {})  # (decode, KV tensors, their ids), rows -> bound step
         self._stepping: tuple = (None, None, {})  # the decoding rows' key, _active's answer, _everyone's
 
     def clear(self, rows: slice) -> None:
@@ -179,13 +179,18 @@ class Runner:
         return _first(logits, width)
 
     def _bound(self, rows: int):
-        """The decode step bound to the first `rows` rows' tensors (Decode.bind), made once per decode."""
-        decode, step = self._steps.get(rows, (None, None))
-        if decode is not self.decode:  # the first step of this many rows, or the decode was replaced
+        """The decode step bound to the first `rows` rows' tensors (Decode.bind), made again when the
+        decode or a KV tensor of the list was replaced (tests wrap the decode; a cache tensor put in the
+        list would otherwise be written by prefills and never read by the steps)."""
+        decode, kv = self.decode, [id(t) for t in self.kv]
+        held, steps = self._steps
+        if held[0] is not decode or held[2] != kv:
+            held, steps = (decode, tuple(self.kv), kv), {}  # the tensors kept: their ids stay theirs
+            self._steps = (held, steps)
+        if rows not in steps:
             position, index = self.positions.position[:rows], self.positions.index[:rows]
-            step = self.decode.bind(self.tokens[:rows], position, index, [t[:rows] for t in self.kv])
-            self._steps[rows] = (self.decode, step)
-        return step
+            steps[rows] = decode.bind(self.tokens[:rows], position, index, [t[:rows] for t in self.kv])
+        return steps[rows]
 
     def _advance(self, decoding: list[RequestState]) -> torch.Tensor:
         """Every decoding request's rows admit the token this step feeds them; returns those rows (B,) bool."""

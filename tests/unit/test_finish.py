@@ -96,15 +96,31 @@ def test_a_callers_criterion_may_answer_one_bool_for_every_row(rt):
     assert torch.equal(tokens, expected[:, PROMPT.shape[1] :])
 
 
-def test_a_criterion_answering_for_other_rows_fails_its_request_with_why(rt):
-    class ThreeRows(StoppingCriteria):
+@pytest.mark.parametrize(
+    "answer", [torch.zeros(3, dtype=torch.bool), torch.zeros(2, 1, dtype=torch.bool)], ids=["(3,)", "(2, 1)"]
+)
+def test_a_criterion_answering_in_another_shape_fails_its_request_with_why(rt, answer):
+    """A (b, 1) answer (`input_ids[:, -1:] == eos`, say) would read as one list per row, each one true."""
+
+    class Other(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
-            return torch.zeros(3, dtype=torch.bool)
+            return answer
 
     two = torch.cat([PROMPT, PROMPT])
-    with pytest.raises(InvalidInputError, match="answered for 3 rows of a 2-row request; it must answer a bool"):
-        rt.generate(two, max_new_tokens=4, stopping_criteria=[ThreeRows()])
+    shape = str(tuple(answer.shape)).replace("(", r"\(").replace(")", r"\)")
+    with pytest.raises(InvalidInputError, match=f"answered with shape {shape} for a 2-row request; it must answer"):
+        rt.generate(two, max_new_tokens=4, stopping_criteria=[Other()])
     assert len(_free(rt, 3)) == 3  # the engine goes on
+
+
+@pytest.mark.parametrize("answer", [(True, True), [True, True], torch.tensor([True])], ids=["tuple", "list", "(1,)"])
+def test_a_criterion_may_answer_a_tuple_a_list_or_one_value_for_all(rt, answer):
+    class Given(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return answer
+
+    tokens, reasons = _reasons(rt, torch.cat([PROMPT, PROMPT]), max_new_tokens=4, stopping_criteria=[Given()])
+    assert tokens.shape[1] == 1 and reasons == (FinishReason.CRITERION, FinishReason.CRITERION)
 
 
 def test_each_row_of_a_batch_has_its_own_reason(rt):

@@ -149,6 +149,16 @@ def test_the_step_is_called_through_the_contract(bundle):
         handle.result()
 
 
+def test_a_cache_tensor_replaced_after_steps_is_checked_before_the_next_step(bundle):
+    """The engine steps through a decode bound to its cache (Decode.bind, checked once): a tensor put in
+    the cache list afterwards is bound, and so checked, again."""
+    engine = Engine(bundle.model, bundle.decode, bundle.contract)
+    engine.submit(bundle.request(PROMPT, max_new_tokens=3)).result()
+    engine.kv[1] = engine.kv[1][:, :, :-1].contiguous()
+    with pytest.raises(InvalidInputError, match="layer 0 values has shape"):
+        engine.submit(bundle.request(PROMPT, max_new_tokens=3)).result()
+
+
 @pytest.mark.parametrize(
     "options",
     [{"pad_token_id": VOCAB}, {"pad_token_id": -1}, {"eos_token_id": 10**9}, {"eos_token_id": [2, -5]}],
