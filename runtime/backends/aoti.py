@@ -5,7 +5,9 @@ CPU ISA), loading each batch bucket's graph from a private copy of the package's
 checking each was compiled for the manifest's signature at its batch, lending every graph the same
 eager weight tensors (one copy of the weights, however many graphs), and calling the graph whose batch
 the inputs have. AOTInductor validates nothing and only warns on a mismatched ISA, so every check here
-runs before native code does, and every call is checked against the contract (runtime.backends.checks).
+runs before native code does, and every call is checked against the contract (runtime.backends.checks):
+a bound step (`bind`, what the engine steps through) its held tensors once, its pad mask and cache
+positions each call.
 """
 
 from __future__ import annotations
