@@ -134,8 +134,14 @@ def _random(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Te
     return torch.rand(shape, device=device).to(dtype)
 
 
+def tensor_bytes(tensors) -> int:
+    """The bytes `tensors` hold (a weight's buffers, the weights a race reads)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _weight_bytes(args: tuple) -> int:
-    return sum(t.numel() * t.element_size() for t in args[1:] if isinstance(t, torch.Tensor))
+    """The bytes of the weight an `example` call's operands hold (all but x and the plain arguments)."""
+    return tensor_bytes(t for t in args[1:] if isinstance(t, torch.Tensor))
 
 
 def gb_per_s(size: int, seconds: float) -> float:

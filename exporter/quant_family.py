@@ -26,7 +26,7 @@ import torch
 from exporter import kernels
 from exporter.compile import kernel_options
 from exporter.config import ExportConfig
-from exporter.lowering import CANDIDATES, DOT, WeightShape, example, fastest, gb_per_s, noise_of, race
+from exporter.lowering import CANDIDATES, DOT, WeightShape, example, fastest, gb_per_s, noise_of, race, tensor_bytes
 from exporter.timing import interleaved_seconds
 from runtime.compat import float_environment_kept
 from runtime.format.manifest import Quantization
@@ -124,7 +124,7 @@ def _step_weights(plan: Quantization, shapes: dict[str, tuple[int, int]]) -> lis
         integer = scheme(QuantSpec(spec.method, spec.group_size, INTEGER))
         _, *operands = example(WeightShape(integer.name, rows, cols, spec.group_size), rows, torch.float32, "cpu")
         tensors = [t for t in operands if torch.is_tensor(t)]
-        size += sum(t.numel() * t.element_size() for t in tensors)
+        size += tensor_bytes(tensors)
         if weights and size > STEP_BYTES:
             break
         weights.append((spec.method, cols, tensors, spec.group_size))
@@ -151,7 +151,7 @@ def _race_step(libraries: dict[str, native.Library], weights: list, dtype, batch
 
     with float_environment_kept():
         timed = interleaved_seconds({name: step(runs) for name, runs in calls.items()}, threads=torch.get_num_threads())
-    size = sum(t.numel() * t.element_size() for _, _, operands, _ in weights for t in operands)
+    size = tensor_bytes(t for _, _, operands, _ in weights for t in operands)
     return {name: gb_per_s(size, seconds) for name, seconds in timed.best.items()}, noise_of(timed)
 
 
