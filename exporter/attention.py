@@ -26,6 +26,11 @@ batch-8 float32 bundle of Gemma 3 270M step in 72 ms at batch 1 and 260 at batch
 with the flash kernel, AMD EPYC, AVX2); half precision times all four. Each candidate is timed at one
 row and at the bundle's batch, over TIMED_SPAN slots, and the least total wins. `--decode-attention`
 takes one untimed instead.
+The candidates are timed on keys and values that are not in the CPU's caches, as the step reads them: between
+two calls of a layer's attention the step streams every weight. Timed on one set of keys called again and again
+(hot), flash won SmolLM2-135M's int4 export at 1,024 slots (134 against 140 us) and its bundle then stepped in
+9.6 ms at position 1,500 and 3.9 at 100, against 7.5 and 3.6 with native (AMD EPYC Zen 4, 2 threads);
+cycling through 256 MiB of keys and values, native wins there (123 against 145 us a call at 1,024 slots).
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ SDPA, FLASH, FLASH_FP32, GROUPED = "sdpa", "flash", "flash-fp32", "grouped"
 NATIVE = NATIVE_ATTENTION  # "native"
 KERNELS = (SDPA, FLASH, FLASH_FP32, GROUPED, NATIVE)  # --decode-attention's choices besides "auto" (exporter.names)
 TIMED_SPAN = 1024  # cache indices the candidates attend to when timed (or the whole cache, if shorter)
+COLD_BYTES = 256 << 20  # keys and values cycled through when timed: past any last-level cache these CPUs have
+MOST_COPIES = 64  # copies of them at most (tiny models' caches would take thousands)
 
 
 def _additive(mask, dtype: torch.dtype):
@@ -115,7 +122,7 @@ def choose(
     names = (FLASH, GROUPED, NATIVE) if dtype == "float32" else KERNELS
     names = names if native_kernels else tuple(n for n in names if n != NATIVE)
     batches = sorted({1, batch})
-    examples = [_example(model, getattr(torch, dtype), span, b) for b in batches]  # every candidate's inputs
+    examples = [_examples(model, getattr(torch, dtype), span, b) for b in batches]  # every candidate's inputs
     timed = {name: round(seconds * 1e6, 1) for name, seconds in _seconds(names, examples, options).items()}
     rows = " + ".join(f"{b} row{'s' * (b > 1)}" for b in batches)
     log(f"decode attention over {span} slots, {rows}: " + ", ".join(f"{k} {v:.0f} us" for k, v in timed.items()))
@@ -129,33 +136,48 @@ def installed(model, choice: DecodeAttention | None):
     return compat.attention_installed(model, f"aotpack_{choice.chosen}", FUNCTIONS[choice.chosen])
 
 
-def _example(model, dtype: torch.dtype, span: int, batch: int) -> tuple:
-    """`batch` rows' decode queries over `span` cached keys each, of the model's attention shape."""
+def _examples(model, dtype: torch.dtype, span: int, batch: int) -> list[tuple]:
+    """`batch` rows' decode queries over `span` cached keys each, of the model's attention shape: as many
+    copies of the keys and values as make COLD_BYTES (MOST_COPIES at most), all with the same queries."""
     config = model.config.get_text_config()
     kv_heads, head_dim = compat.head_shapes(config)
     kv_heads = kv_heads[0] if isinstance(kv_heads, list) else kv_heads
     head_dim = head_dim[0] if isinstance(head_dim, list) else head_dim
     q = torch.randn(batch, config.num_attention_heads, 1, head_dim).to(dtype)
     k, v = (torch.randn(batch, kv_heads, span, head_dim).to(dtype) for _ in range(2))
-    return q, k, v, torch.ones(batch, 1, 1, span, dtype=torch.bool)
+    mask = torch.ones(batch, 1, 1, span, dtype=torch.bool)
+    copies = min(MOST_COPIES, max(1, -(-COLD_BYTES // (2 * k.nbytes))))
+    return [(q, k, v, mask)] + [(q, k.clone(), v.clone(), mask) for _ in range(copies - 1)]
 
 
-def _seconds(names: tuple[str, ...], examples: list[tuple], options: dict) -> dict[str, float]:
-    """Each candidate's time over `examples` (_example's), summed: compiled as the bundle compiles (dynamic
-    shapes, its Inductor options), then timed interleaved (exporter.timing), each its fastest call on each
-    example. Timed one after another, a candidate that ran while the machine was busy lost: on a Zen 5 EPYC
-    the native kernel timed 873 us against grouped's 741 in one export and 475 against 763 alone."""
-    scale = examples[0][0].shape[-1] ** -0.5
+def _seconds(names: tuple[str, ...], examples: list[list[tuple]], options: dict) -> dict[str, float]:
+    """Each candidate's time a call over `examples` (_examples' for each batch), summed over the batches:
+    compiled as the bundle compiles (dynamic shapes, its Inductor options), then timed interleaved
+    (exporter.timing), each its fastest pass over a batch's copies, over their count. Timed one after
+    another, a candidate that ran while the machine was busy lost: on a Zen 5 EPYC the native kernel timed
+    873 us against grouped's 741 in one export and 475 against 763 alone."""
+    scale = examples[0][0][0].shape[-1] ** -0.5
     torch.compiler.reset()
     compiled = {
         name: torch.compile(_candidate(name, scale), dynamic=True, fullgraph=True, options=options) for name in names
     }
     totals = dict.fromkeys(names, 0.0)
     with torch.inference_mode(), float_environment_kept():
-        for args in examples:
-            timed = interleaved_seconds(compiled, *args, threads=torch.get_num_threads())
-            totals = {name: totals[name] + timed.best[name] for name in names}
+        for copies in examples:
+            passes = {name: _over(compiled[name], copies) for name in names}
+            timed = interleaved_seconds(passes, threads=torch.get_num_threads())
+            totals = {name: totals[name] + timed.best[name] / len(copies) for name in names}
     return totals
+
+
+def _over(fn, copies: list[tuple]):
+    """`fn` called on each copy in turn, as the step calls a layer's attention after another's."""
+
+    def call():
+        for args in copies:
+            fn(*args)
+
+    return call
 
 
 def _candidate(name: str, scale: float):

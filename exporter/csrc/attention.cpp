@@ -266,12 +266,22 @@ void attend_range(const float* q, const Strided& k, const Strided& v, const Stri
   }
 }
 
+// Keys a range holds at least where splitting further shares few tasks evenly among the threads.
+constexpr int64_t EVEN_RANGE = TILE_KEYS;
+
 // Ranges the keys of each (row, head) are split into: enough tasks for every thread twice, none shorter
-// than MIN_RANGE keys, none longer than MAX_RANGE.
+// than MIN_RANGE keys, none longer than MAX_RANGE. Fewer tasks than 4 a thread that the threads cannot
+// share evenly are split further where ranges of EVEN_RANGE keys or more make them even: a short context's
+// 3 key/value heads on 2 threads left one thread 2 and the other 1 (SmolLM2-135M at one row: its
+// attention took the calling thread twice the other's time).
 int64_t ranges(const Shape& n) {
   const int64_t pairs = n.B * n.KV, threads = omp_get_max_threads();
   const int64_t wanted = (2 * threads + pairs - 1) / pairs;
-  return std::max<int64_t>({1, (n.S + MAX_RANGE - 1) / MAX_RANGE, std::min(wanted, n.S / MIN_RANGE)});
+  const int64_t splits = std::max<int64_t>({1, (n.S + MAX_RANGE - 1) / MAX_RANGE, std::min(wanted, n.S / MIN_RANGE)});
+  if (pairs * splits % threads == 0 || pairs * splits >= 4 * threads) return splits;
+  for (int64_t s = splits + 1; s <= splits * threads && s * EVEN_RANGE <= n.S; s++)
+    if (pairs * s % threads == 0) return s;
+  return splits;
 }
 
 template <int Q> void from_f32(const float* x, int64_t count, void* y) {

@@ -107,24 +107,38 @@ int32_t linear_int4(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
   if (M < 0 || group < BLOCK || group % BLOCK || K < group || K % group || ldx < K || count < 1 || count > MAX_PARTS)
     return BAD_SHAPE;
   const int64_t G = K / group, per_group = group / BLOCK;
-  thread_local std::vector<float> U;  // (M, G): the calling thread's, which the team shares through u
+  // (M, G) group sums: the calling thread's, which the team shares when it shares the activations, or each
+  // thread's own beside its own activations (lanes.h, quantized_team)
+  thread_local std::vector<float> U;
   U.assign(size_t(M * G), 0.0f);
-  float* u = U.data();
+  float* const shared = U.data();
   Part<Int4> parts[MAX_PARTS];
   int64_t ld = 0;
   for (int64_t p = 0; p < count; ld += N[p], p++) {
     if (N[p] < 0) return BAD_SHAPE;
     const Int4 s{static_cast<const uint8_t*>(codes[p]), static_cast<const uint16_t*>(scales[p]),
-                 static_cast<const uint16_t*>(mins[p]), K, G, per_group, u};
+                 static_cast<const uint16_t*>(mins[p]), K, G, per_group, shared};
     parts[p] = Part<Int4>{s, N[p], ld};
   }
   if (M == 0 || ld == 0) return OK;
-  Activations& a = scratch();
-  return quantized_team(x, dtype, M, K, ldx, a, [&] {
-#pragma omp for schedule(static)
-    for (int64_t m = 0; m < M; m++)
+  return quantized_team(x, dtype, M, K, ldx, true, [&](const Activations& a, bool own) {
+    float* u = shared;
+    Part<Int4> mine[MAX_PARTS];
+    if (own) {
+      U.assign(size_t(M * G), 0.0f);  // this thread's U
+      u = U.data();
+      for (int64_t p = 0; p < count; p++) mine[p] = parts[p], mine[p].s.U = u;
+    }
+    auto sums = [&](int64_t m) {
       for (int64_t b = 0; b < a.nb; b++) u[m * G + b / per_group] += a.d[m * a.nb + b] * float(a.s[m * a.nb + b]);
-    with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(parts, count, a, y, ld); });
+    };
+    if (own) {
+      for (int64_t m = 0; m < M; m++) sums(m);
+    } else {
+#pragma omp for schedule(static)
+      for (int64_t m = 0; m < M; m++) sums(m);
+    }
+    with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(own ? mine : parts, count, a, y, ld); });
   });
 }
 

@@ -123,8 +123,7 @@ int32_t linear_int5(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
     parts[p] = Part<Int5>{s, N[p], ld};
   }
   if (M == 0 || ld == 0) return OK;
-  Activations& a = scratch();
-  return quantized_team(x, dtype, M, K, ldx, a, [&] {
+  return quantized_team(x, dtype, M, K, ldx, true, [&](const Activations& a, bool) {
     with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(parts, count, a, y, ld); });
   });
 }

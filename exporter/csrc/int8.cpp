@@ -295,12 +295,12 @@ int32_t linear_int8(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
     ld += N[p];
   }
   if (M == 0 || ld == 0) return OK;
-  Activations& a = scratch();
 #if defined(AOTPACK_AMX)
   Pairs& pairs = pairs_scratch();
   if (nt) pairs.size(M, K);
 #endif
-  return quantized_team(x, dtype, M, K, ldx, a, [&] {
+  // tiled parts share one A (Pairs) that the team fills from the calling thread's activations
+  return quantized_team(x, dtype, M, K, ldx, nt == 0, [&](const Activations& a, bool) {
     with_dtype(dtype, [&](auto d) {
       if (nv) gemm_team<decltype(d)::value>(vectors, nv, a, y, ld);
 #if defined(AOTPACK_AMX)

@@ -99,29 +99,31 @@ inline void quantize_block_avx2(const float* v, int8_t* q, float* d, int32_t* s)
 }
 #endif
 
+// Row m of x into `a`.
+template <int D> void quantize_row(const void* x, int64_t m, int64_t K, int64_t ldx, Activations& a) {
+  const int64_t nb = a.nb;
+  float v[BLOCK];
+  for (int64_t b = 0; b < nb; b++) {
+    const int64_t n = std::min(BLOCK, K - b * BLOCK);
+    for (int64_t i = 0; i < n; i++) v[i] = load_as_f32<D>(x, m * ldx + b * BLOCK + i);
+    int8_t* q = a.q.data() + (m * nb + b) * BLOCK;
+    float* d = a.d.data() + m * nb + b;
+    int32_t* s = a.s.data() + m * nb + b;
+#if defined(AOTPACK_AVX2)
+    if (n == BLOCK) {
+      quantize_block_avx2(v, q, d, s);
+      continue;
+    }
+#endif
+    quantize_block(v, n, q, d, s);
+  }
+}
+
 // Inside an OpenMP team each thread takes a share of the rows (an orphaned `omp for`, which ends when all
 // are done); outside one, the calling thread takes them all.
-template <int D>
-void quantize_rows(const void* x, int64_t M, int64_t K, int64_t ldx, Activations& a) {
-  const int64_t nb = a.nb;
+template <int D> void quantize_rows(const void* x, int64_t M, int64_t K, int64_t ldx, Activations& a) {
 #pragma omp for schedule(static)
-  for (int64_t m = 0; m < M; m++) {
-    float v[BLOCK];
-    for (int64_t b = 0; b < nb; b++) {
-      const int64_t n = std::min(BLOCK, K - b * BLOCK);
-      for (int64_t i = 0; i < n; i++) v[i] = load_as_f32<D>(x, m * ldx + b * BLOCK + i);
-      int8_t* q = a.q.data() + (m * nb + b) * BLOCK;
-      float* d = a.d.data() + m * nb + b;
-      int32_t* s = a.s.data() + m * nb + b;
-#if defined(AOTPACK_AVX2)
-      if (n == BLOCK) {
-        quantize_block_avx2(v, q, d, s);
-        continue;
-      }
-#endif
-      quantize_block(v, n, q, d, s);
-    }
-  }
+  for (int64_t m = 0; m < M; m++) quantize_row<D>(x, m, K, ldx, a);
 }
 
 }  // namespace
@@ -137,6 +139,12 @@ bool prepare(int32_t dtype, int64_t M, int64_t K, Activations& a) {
 
 void quantize_share(const void* x, int32_t dtype, int64_t ldx, Activations& a) {
   with_dtype(dtype, [&](auto d) { quantize_rows<decltype(d)::value>(x, a.M, a.K, ldx, a); });
+}
+
+void quantize_all(const void* x, int32_t dtype, int64_t ldx, Activations& a) {
+  with_dtype(dtype, [&](auto d) {
+    for (int64_t m = 0; m < a.M; m++) quantize_row<decltype(d)::value>(x, m, a.K, ldx, a);
+  });
 }
 
 bool quantize(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, Activations& a) {

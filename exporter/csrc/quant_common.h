@@ -117,6 +117,8 @@ bool quantize(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, A
 // returns when every row is done.
 bool prepare(int32_t dtype, int64_t M, int64_t K, Activations& a);
 void quantize_share(const void* x, int32_t dtype, int64_t ldx, Activations& a);
+// Every row by the calling thread, inside a team or not (each thread of a team into its own `a`).
+void quantize_all(const void* x, int32_t dtype, int64_t ldx, Activations& a);
 
 // f(std::integral_constant<int, D>{}) for activation dtype D (one of F32, BF16, F16).
 template <class F> void with_dtype(int32_t dtype, F f) {

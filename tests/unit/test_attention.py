@@ -4,6 +4,8 @@ the export has built its kernels)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -40,6 +42,34 @@ def test_grouped_takes_a_mask_per_head_and_none():
         expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
         got, _ = attention.grouped(None, q, k, v, m)  # scaling None: 1 / sqrt(D), as SDPA's default
         torch.testing.assert_close(got.transpose(1, 2), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("cold_bytes", "copies"), [(1, 1), (2 * 8192 * 5 - 1, 5), (1 << 40, attention.MOST_COPIES)])
+def test_candidates_are_timed_over_keys_and_values_past_the_caches(monkeypatch, cold_bytes, copies):
+    """A timed call cycles through copies of the keys and values (as the step reads a layer's cache after
+    the weights streamed past it, not warm from the last call): COLD_BYTES of them, one copy at least,
+    MOST_COPIES at most; each copy its own tensors, the queries and mask shared."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1)
+    monkeypatch.setattr(attention, "COLD_BYTES", cold_bytes)
+    examples = attention._examples(SimpleNamespace(config=config), torch.float32, 32, 2)  # k: 2*2*32*16*4 B
+    assert len(examples) == copies
+    q, k, v, mask = examples[0]
+    assert q.shape == (2, 4, 1, 16) and k.shape == v.shape == (2, 2, 32, 16) and k.nbytes == 8192
+    assert len({id(e[1]) for e in examples} | {id(e[2]) for e in examples}) == 2 * copies
+    assert all(e[0] is q and e[3] is mask and torch.equal(e[1], k) for e in examples)
+
+
+def test_a_candidates_time_is_its_pass_over_the_copies_over_their_count(monkeypatch):
+    calls = []
+    monkeypatch.setattr(attention.torch, "compile", lambda fn, **_: lambda *args: calls.append(args))
+    monkeypatch.setattr(
+        attention, "interleaved_seconds", lambda fns, threads: SimpleNamespace(best=dict.fromkeys(fns, 0.012))
+    )
+    copies = [(torch.zeros(1, 2, 1, 4), torch.zeros(1), torch.zeros(1), None)] * 3
+    totals = attention._seconds((attention.FLASH, attention.NATIVE), [copies, copies[:1]], {})
+    assert totals == pytest.approx({attention.FLASH: 0.004 + 0.012, attention.NATIVE: 0.004 + 0.012})
 
 
 @pytest.mark.slow

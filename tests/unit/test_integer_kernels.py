@@ -140,7 +140,8 @@ def test_a_row_computes_the_same_bits_in_any_batch(lib):
     how the kernel groups rows and tiles into passes (71 tiles and 5 lone rows: passes of 8, 4, 2 and 1
     tiles at one thread and at two, 35 and 36 a thread; 67 rows: a chunk of 64, then groups of 4, 2 and 1;
     calls of up to 16 rows: int8 in groups of 8 on AVX-512; AMX: 7 to 16 rows, one or two chunks of 8),
-    nor on the threads sharing the tiles."""
+    nor on the threads sharing the tiles, nor on whether each thread quantized every row (up to 21 rows of
+    3 blocks: lanes.h, OWN_BLOCKS) or a share of them (67 rows)."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn(67, 96, generator=g)
     n = 71 * 16 + 5  # 1,141 outputs: the amx build takes calls of 5 to 32 rows on tiles

@@ -19,7 +19,7 @@ for dtype in (torch.float32, torch.bfloat16):
             q = torch.randn(rows, 4, 1, 256).to(dtype)
             k, v = (torch.randn(rows, 1, span, 256).to(dtype) for _ in range(2))
             mask = torch.ones(rows, 1, 1, span, dtype=torch.bool)
-            us = {n: round(s * 1e6, 1) for n, s in attention._seconds(names, [(q, k, v, mask)], {}).items()}
+            us = {n: round(s * 1e6, 1) for n, s in attention._seconds(names, [[(q, k, v, mask)]], {}).items()}
             row = {"dtype": str(dtype).split(".")[-1], "rows": rows, "slots": span, "us": us}
             print(json.dumps(row), flush=True)
             out.append(row)
