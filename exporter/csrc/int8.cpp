@@ -36,6 +36,10 @@ struct Int8 {
       const uint8_t* wb = tiles + b * TILE * BLOCK;
       IntLanes dots[T * R];
       for (int i = 0; i < T * R; i++) dots[i] = offset_start(a.s[(m + i % R) * nb + b]);
+      // unrolled: GCC 12 kept the loop's 8 chains in other registers at each turn than at its end, and
+      // copied them there (17 zmm moves and a spill a group at 8 rows; Gemma 3's int8 `lm_head` at 8 rows,
+      // AMD EPYC Zen 4: 5.32 -> 5.12 ms, one row unchanged)
+#pragma GCC unroll 8
       for (int g = 0; g < BLOCK / GROUP; g++) {
         for (int t = 0; t < T; t++) {
           // the next tiles' same line, ahead (a row of a few hundred bytes is too short for the hardware
