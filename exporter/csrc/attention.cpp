@@ -321,7 +321,7 @@ int64_t ranges(const Shape& n) {
   const int64_t splits = std::max<int64_t>({1, (n.S + MAX_RANGE - 1) / MAX_RANGE, std::min(wanted, n.S / MIN_RANGE)});
   if (pairs * splits % threads == 0 || pairs * splits >= 4 * threads) return splits;
   for (int64_t s = splits + 1; s <= splits * threads && s * EVEN_RANGE <= n.S; s++)
-    if (pairs * s % threads == 0) return s;
+    if (pairs * s % threads == 0 && (s - 1) * ((n.S + s - 1) / s) < n.S) return s;  // no range left empty
   return splits;
 }
 
