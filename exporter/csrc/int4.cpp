@@ -117,28 +117,19 @@ int32_t linear_int4(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
   for (int64_t p = 0; p < count; ld += N[p], p++) {
     if (N[p] < 0) return BAD_SHAPE;
     const Int4 s{static_cast<const uint8_t*>(codes[p]), static_cast<const uint16_t*>(scales[p]),
-                 static_cast<const uint16_t*>(mins[p]), K, G, per_group, shared};
+                 static_cast<const uint16_t*>(mins[p]), K, G, per_group, nullptr};  // U: the team's below
     parts[p] = Part<Int4>{s, N[p], ld};
   }
   if (M == 0 || ld == 0) return OK;
   return quantized_team(x, dtype, M, K, ldx, true, [&](const Activations& a, bool own) {
-    float* u = shared;
-    Part<Int4> mine[MAX_PARTS];
-    if (own) {
-      U.assign(size_t(M * G), 0.0f);  // this thread's U
-      u = U.data();
-      for (int64_t p = 0; p < count; p++) mine[p] = parts[p], mine[p].s.U = u;
-    }
-    auto sums = [&](int64_t m) {
+    if (own) U.assign(size_t(M * G), 0.0f);  // this thread's U
+    float* const u = own ? U.data() : shared;
+    each_row(M, own, [&](int64_t m) {
       for (int64_t b = 0; b < a.nb; b++) u[m * G + b / per_group] += a.d[m * a.nb + b] * float(a.s[m * a.nb + b]);
-    };
-    if (own) {
-      for (int64_t m = 0; m < M; m++) sums(m);
-    } else {
-#pragma omp for schedule(static)
-      for (int64_t m = 0; m < M; m++) sums(m);
-    }
-    with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(own ? mine : parts, count, a, y, ld); });
+    });
+    Part<Int4> mine[MAX_PARTS];
+    for (int64_t p = 0; p < count; p++) mine[p] = parts[p], mine[p].s.U = u;
+    with_dtype(dtype, [&](auto d) { gemm_team<decltype(d)::value>(mine, count, a, y, ld); });
   });
 }
 

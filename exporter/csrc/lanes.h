@@ -411,12 +411,8 @@ int32_t quantized_team(const void* x, int32_t dtype, int64_t M, int64_t K, int64
 #pragma omp parallel
   {
     Activations& a = own ? scratch() : shared;
-    if (own) {
-      prepare(dtype, M, K, a);
-      quantize_all(x, dtype, ldx, a);
-    } else {
-      quantize_share(x, dtype, ldx, a);
-    }
+    if (own) prepare(dtype, M, K, a);
+    quantize_rows(x, dtype, ldx, a, own);
     then(static_cast<const Activations&>(a), own);
   }
   return OK;

@@ -119,13 +119,6 @@ template <int D> void quantize_row(const void* x, int64_t m, int64_t K, int64_t 
   }
 }
 
-// Inside an OpenMP team each thread takes a share of the rows (an orphaned `omp for`, which ends when all
-// are done); outside one, the calling thread takes them all.
-template <int D> void quantize_rows(const void* x, int64_t M, int64_t K, int64_t ldx, Activations& a) {
-#pragma omp for schedule(static)
-  for (int64_t m = 0; m < M; m++) quantize_row<D>(x, m, K, ldx, a);
-}
-
 }  // namespace
 
 bool prepare(int32_t dtype, int64_t M, int64_t K, Activations& a) {
@@ -137,19 +130,15 @@ bool prepare(int32_t dtype, int64_t M, int64_t K, Activations& a) {
   return true;
 }
 
-void quantize_share(const void* x, int32_t dtype, int64_t ldx, Activations& a) {
-  with_dtype(dtype, [&](auto d) { quantize_rows<decltype(d)::value>(x, a.M, a.K, ldx, a); });
-}
-
-void quantize_all(const void* x, int32_t dtype, int64_t ldx, Activations& a) {
+void quantize_rows(const void* x, int32_t dtype, int64_t ldx, Activations& a, bool all) {
   with_dtype(dtype, [&](auto d) {
-    for (int64_t m = 0; m < a.M; m++) quantize_row<decltype(d)::value>(x, m, a.K, ldx, a);
+    each_row(a.M, all, [&](int64_t m) { quantize_row<decltype(d)::value>(x, m, a.K, ldx, a); });
   });
 }
 
 bool quantize(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, Activations& a) {
   if (!prepare(dtype, M, K, a)) return false;
-  quantize_share(x, dtype, ldx, a);
+  quantize_rows(x, dtype, ldx, a, false);
   return true;
 }
 

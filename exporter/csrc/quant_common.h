@@ -112,13 +112,22 @@ struct Out {
 
 // Fills `a` from x (M, K) of dtype `dtype`, rows `ldx` elements apart. False for an unknown dtype.
 bool quantize(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t ldx, Activations& a);
-// The same in two steps: `prepare` sizes `a` for (M, K) (false for an unknown dtype); `quantize_share`
-// then fills it, each thread of an OpenMP team a share of the rows (all of them outside a team), and
-// returns when every row is done.
+// f(m) for each row m < M: every row by the calling thread where `all`; otherwise, inside an OpenMP team,
+// each thread a share of them (an orphaned `omp for`, which ends when all are done), and outside one the
+// calling thread all of them.
+template <class F> void each_row(int64_t M, bool all, F f) {
+  if (all) {
+    for (int64_t m = 0; m < M; m++) f(m);
+    return;
+  }
+#pragma omp for schedule(static)
+  for (int64_t m = 0; m < M; m++) f(m);
+}
+
+// The same in two steps: `prepare` sizes `a` for (M, K) (false for an unknown dtype); `quantize_rows`
+// then fills it, its rows as each_row shares them (`all`: each thread of a team fills its own `a`).
 bool prepare(int32_t dtype, int64_t M, int64_t K, Activations& a);
-void quantize_share(const void* x, int32_t dtype, int64_t ldx, Activations& a);
-// Every row by the calling thread, inside a team or not (each thread of a team into its own `a`).
-void quantize_all(const void* x, int32_t dtype, int64_t ldx, Activations& a);
+void quantize_rows(const void* x, int32_t dtype, int64_t ldx, Activations& a, bool all);
 
 // f(std::integral_constant<int, D>{}) for activation dtype D (one of F32, BF16, F16).
 template <class F> void with_dtype(int32_t dtype, F f) {
