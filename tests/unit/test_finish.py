@@ -211,3 +211,40 @@ def test_finish_reasons_are_unset_until_the_request_ends(rt):
     assert handle.finish_reasons is None
     list(stream)
     assert handle.finish_reasons == (FinishReason.LENGTH,)
+
+
+@pytest.mark.parametrize("positions", [None, 9])
+def test_hfs_length_and_eos_criteria_read_in_python_answer_as_they_do(positions):
+    """The engine reads transformers' own MaxLengthCriteria and EosTokenCriteria without calling them
+    (RequestState._stop); at every length around the limit and the model's positions, for tokens in and out
+    of the eos ids, each row's answer is the criterion's own, and past the positions the criterion itself
+    runs (it warns there)."""
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    from runtime.engine import request
+
+    length_criterion, eos_criterion = MaxLengthCriteria(12, positions), EosTokenCriteria([3, 7])
+    assert request._eos_ids(length_criterion) is None and request._eos_ids(eos_criterion) == {3, 7}
+    for length in range(6, 16):
+        history = torch.randint(0, 10, (3, length))
+        history[:, -1] = torch.tensor([3, 4, 7])
+        assert [t in request._eos_ids(eos_criterion) for t in history[:, -1].tolist()] == eos_criterion(
+            history, None
+        ).tolist()
+        quiet = request._quiet(length_criterion, length)
+        assert quiet == (positions is None or length >= 12 or length <= positions)
+        if quiet:
+            assert [length >= 12] * 3 == length_criterion(history, None).tolist()
+
+
+def test_a_rows_tokens_are_padded_only_after_it_ended():
+    """Rows that all run keep their tokens untouched (no pad step); once one ends, its tokens are the pad id."""
+    from runtime.engine import request
+
+    state = request.RequestState.__new__(request.RequestState)
+    state.finish_reasons = [None, None]
+    assert state.all_running
+    state.finish_reasons = [FinishReason.EOS, None]
+    assert not state.all_running
+    state.finish_reasons = [FinishReason.EOS, FinishReason.LENGTH]
+    assert not state.all_running
