@@ -44,12 +44,14 @@ struct Int8 {
         for (int t = 0; t < T; t++) {
           // the next tiles' same line, ahead (a row of a few hundred bytes is too short for the hardware
           // prefetcher), one line a group: issued eight at once, they stalled on the CPU's fill buffers.
-          // A pass of 8 rows computes long enough per tile that one tile ahead no longer hides the memory's
-          // latency: it also fetches the line 4 tiles ahead into L2 (AMD EPYC Zen 4, Gemma 3 270M int8 at 8
-          // rows, in the decode graph: `lm_head` 6.6 -> 5.6 ms, the layers' calls 33 -> 29 us; at 2 and 4
-          // rows it gained nothing, and fewer rows keep their code).
+          // One pass ahead does not hide the memory's latency: the line 4 passes ahead is fetched into L2
+          // too (AMD EPYC Zen 4, Gemma 3 270M int8, in the decode graph at 8 rows: `lm_head` 6.6 -> 5.6 ms,
+          // the layers' calls 33 -> 29 us). At 2 and 4 rows, 4 and 2 tiles a pass, it was left out, measured
+          // as gaining nothing; streamed, that `lm_head` took 6.4 / 6.9 ms there against 5.3 / 5.4 with it
+          // (9 interleaved rounds; the one-tile build, AOTPACK_ONE_TILE, the same either way:
+          // artifacts/bench/epyc-zen4/short/fetch.txt). AVX-512 builds only: AVX2's were not measured.
           if constexpr (Fetch) {
-            if constexpr (R >= 8) prefetch_l2(wb + (4 * T + t) * span + g * TILE * GROUP);
+            if constexpr (WIDE_MR >= 8) prefetch_l2(wb + (4 * T + t) * span + g * TILE * GROUP);
             prefetch(wb + (T + t) * span + g * TILE * GROUP);
           }
           const ByteLanes w = offset_weights(byte_lanes(wb + t * span + g * TILE * GROUP));
