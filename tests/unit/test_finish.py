@@ -216,9 +216,9 @@ def test_finish_reasons_are_unset_until_the_request_ends(rt):
 @pytest.mark.parametrize("positions", [None, 9])
 def test_hfs_length_and_eos_criteria_read_in_python_answer_as_they_do(positions):
     """The engine reads transformers' own MaxLengthCriteria and EosTokenCriteria without calling them
-    (RequestState._stop); at every length around the limit and the model's positions, for tokens in and out
-    of the eos ids, each row's answer is the criterion's own, and past the positions the criterion itself
-    runs (it warns there)."""
+    (RequestState._stop): at every length around the limit and the model's positions, for tokens in and out
+    of the eos ids, each row's answer is the criterion's own; the criterion itself runs only short of its
+    limit past the model's positions, where it warns."""
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
     from runtime.engine import request
@@ -231,10 +231,10 @@ def test_hfs_length_and_eos_criteria_read_in_python_answer_as_they_do(positions)
         assert [t in request._eos_ids(eos_criterion) for t in history[:, -1].tolist()] == eos_criterion(
             history, None
         ).tolist()
-        quiet = request._quiet(length_criterion, length)
-        assert quiet == (positions is None or length >= 12 or length <= positions)
-        if quiet:
+        if request._quiet(length_criterion, length):
             assert [length >= 12] * 3 == length_criterion(history, None).tolist()
+        else:  # short of the limit, past the model's positions: the criterion itself runs (and warns)
+            assert positions is not None and positions < length < 12
 
 
 def test_a_rows_tokens_are_padded_only_after_it_ended():
@@ -248,3 +248,73 @@ def test_a_rows_tokens_are_padded_only_after_it_ended():
     assert not state.all_running
     state.finish_reasons = [FinishReason.EOS, FinishReason.LENGTH]
     assert not state.all_running
+
+
+def _hf_like_criteria(rng, prompt: int):
+    """One of the criteria a request may carry: HF's own (eos ids as a list, a 0-d tensor; a length with or
+    without the model's positions, past which it warns), subclasses of them (called, not read), or a
+    caller's criterion answering per row or once for all."""
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    class CallersEos(EosTokenCriteria):
+        pass
+
+    class CallersLength(MaxLengthCriteria):
+        pass
+
+    class Caller(StoppingCriteria):
+        def __init__(self, mode):
+            self.mode = mode
+
+        def __call__(self, input_ids, scores, **kwargs):
+            last = input_ids[:, -1]
+            return last % 5 == 0 if self.mode == 0 else bool(input_ids.shape[1] % 7 == 0)
+
+    pool = [
+        lambda: EosTokenCriteria(rng.sample(range(10), rng.randint(1, 3))),
+        lambda: EosTokenCriteria(torch.tensor(rng.randrange(10))),
+        lambda: MaxLengthCriteria(prompt + rng.randint(1, 12), rng.choice([None, prompt + 2, prompt + 20])),
+        lambda: CallersEos([rng.randrange(10)]),
+        lambda: CallersLength(prompt + rng.randint(1, 12)),
+        lambda: Caller(rng.randrange(2)),
+    ]
+    return rng.choice(pool)()
+
+
+def test_each_step_ends_and_pads_the_rows_hfs_loop_does():
+    """RequestState.choose against generate's own loop (`unfinished &= ~criteria(input_ids)`, finished rows
+    fed the pad id where an eos criterion exists), over random requests of 1-4 rows with mixes of HF's length
+    and eos criteria (read in Python), their subclasses and a caller's (called): the same tokens and the same
+    rows ended at every step, each with the most telling reason."""
+    import random
+
+    from transformers import StoppingCriteriaList
+    from transformers.generation import LogitsProcessorList
+
+    from runtime.engine import request
+
+    rng = random.Random(0)
+    logging.disable(logging.WARNING)  # MaxLengthCriteria warns past the model's positions
+    try:
+        for _ in range(300):
+            b, prompt, pad = rng.randint(1, 4), rng.randint(1, 6), rng.choice([0, 3, 9])
+            criteria = StoppingCriteriaList(_hf_like_criteria(rng, prompt) for _ in range(rng.randint(1, 4)))
+            ids = torch.zeros(b, prompt, dtype=torch.long)
+            state = request.RequestState(
+                request.Request(
+                    ids, torch.ones_like(ids), {}, GenerationConfig(do_sample=False, max_new_tokens=100), (), pad,
+                    None, LogitsProcessorList(), criteria,
+                )
+            )  # fmt: skip
+            history, unfinished = ids, torch.ones(b, dtype=torch.bool)
+            pads = any(hasattr(c, "eos_token_id") for c in criteria)
+            while not state.done and history.shape[1] < prompt + 15:
+                raw = torch.tensor([rng.randrange(10) for _ in range(b)])
+                token = state.choose(torch.zeros(b, 10), argmax=raw)
+                expected = torch.where(unfinished, raw, torch.full_like(raw, pad)) if pads else raw
+                history = torch.cat([history, expected[:, None]], dim=-1)
+                unfinished = unfinished & ~criteria(history, None)
+                assert torch.equal(token, expected)
+                assert [why is None for why in state.finish_reasons] == unfinished.tolist()
+    finally:
+        logging.disable(logging.NOTSET)
