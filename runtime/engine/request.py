@@ -74,8 +74,8 @@ def _eos_ids(criterion) -> frozenset[int] | None:
 
 
 def _quiet(criterion: MaxLengthCriteria, length: int) -> bool:
-    """Whether the criterion, called at `length`, would answer without its warning (past the model's
-    positions, short of its limit): then its answer is `length >= max_length` for every row."""
+    """Whether the criterion, called at `length`, would answer without its warning (which it logs short of
+    its limit past the model's positions): then its answer is `length >= max_length` for every row."""
     positions = criterion.max_position_embeddings
     return positions is None or length >= criterion.max_length or length <= positions
 
