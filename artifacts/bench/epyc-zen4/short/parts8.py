@@ -5,7 +5,7 @@ import collections
 import sys
 import time
 
-import torch
+from gap8 import streams
 
 from runtime import load
 from runtime.engine import engine, request, sampling
@@ -37,12 +37,7 @@ wrap(engine.Engine, "_step")
 
 def one(new: int) -> dict:
     spent.clear()
-    handles = []
-    for i in range(N):
-        ids = torch.tensor([[1, *range(100 + i, 131 + i)]])
-        handles.append(rt.submit(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new))
-    for h in handles:
-        h.wait()
+    streams(rt, N, new)
     steps = len(spent["_step"])
     return {k: round(sum(v) / steps, 3) for k, v in spent.items()}
 
