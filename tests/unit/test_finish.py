@@ -313,8 +313,13 @@ def test_each_step_ends_and_pads_the_rows_hfs_loop_does():
                 token = state.choose(torch.zeros(b, 10), argmax=raw)
                 expected = torch.where(unfinished, raw, torch.full_like(raw, pad)) if pads else raw
                 history = torch.cat([history, expected[:, None]], dim=-1)
-                unfinished = unfinished & ~criteria(history, None)
+                hits = [(request.reason_of(c), torch.as_tensor(c(history, None)).expand(b)) for c in criteria]
+                ended = unfinished & criteria(history, None)  # rows this step ends: generate keeps unfinished & ~them
+                unfinished = unfinished & ~ended
                 assert torch.equal(token, expected)
                 assert [why is None for why in state.finish_reasons] == unfinished.tolist()
+                for row in ended.nonzero().flatten().tolist():  # the most telling of the reasons that hit it
+                    why = next(r for r in request._PRIORITY if any(r == reason and hit[row] for reason, hit in hits))
+                    assert state.finish_reasons[row] == why
     finally:
         logging.disable(logging.NOTSET)
