@@ -10,10 +10,12 @@
 // task, so at batch 1 a single thread read the whole cache.
 // Here each task is a (row, KV head, range of keys): every key is read once and multiplied into the R
 // query rows from L1, its softmax weights computed for the range, and every value is read once and added
-// into R accumulators. With fewer (row, head) pairs than twice the threads, the keys are split into ranges
-// whose partial results (each row's max, sum and weighted values) are combined after, as flash decoding
-// does. Sums are fp32 whatever the cache's dtype; a query row that sees no key (all masked) gets zeros, and
-// a masked slot's key and value never reach the output, whatever they hold (a stale NaN included).
+// into R accumulators. A task reads only the keys its row's tokens see, first to last (plan), so a short row
+// stepped beside a long one reads its own keys. With fewer (row, head) pairs than twice the threads, the keys
+// are split into ranges whose partial results (each row's max, sum and weighted values) are combined after,
+// as flash decoding does. Sums are fp32 whatever the cache's dtype; a query row that sees no key (all
+// masked) gets zeros, and a masked slot's key and value never reach the output, whatever they hold (a stale
+// NaN included).
 #include "quant_common.h"
 #include "shim_common.h"
 
@@ -315,19 +317,89 @@ void attend_range(const float* q, const Strided& k, const Strided& v, const Stri
 // Keys a range holds at least where splitting further shares few tasks evenly among the threads.
 constexpr int64_t EVEN_RANGE = TILE_KEYS;
 
-// Ranges the keys of each (row, head) are split into: enough tasks for every thread twice, none shorter
-// than MIN_RANGE keys, none longer than MAX_RANGE. Fewer tasks than 4 a thread that the threads cannot
-// share evenly are split further where ranges of EVEN_RANGE keys or more make them even: a short context's
-// 3 key/value heads on 2 threads left one thread 2 and the other 1 (SmolLM2-135M at one row: its
+// Ranges a pair's `len` seen keys are cut into, `total` keys being seen over all pairs: its share of twice
+// the threads' tasks, none shorter than MIN_RANGE keys, none longer than MAX_RANGE.
+int64_t splits_of(int64_t len, int64_t total, int64_t threads) {
+  const int64_t wanted = total > 0 ? (2 * threads * len + total - 1) / total : 1;
+  return std::max<int64_t>({1, (len + MAX_RANGE - 1) / MAX_RANGE, std::min(wanted, len / MIN_RANGE)});
+}
+
+// Ranges for `pairs` pairs of `len` keys each (splits_of's). Fewer tasks than 4 a thread that the threads
+// cannot share evenly are split further where ranges of EVEN_RANGE keys or more make them even: a short
+// context's 3 key/value heads on 2 threads left one thread 2 and the other 1 (SmolLM2-135M at one row: its
 // attention took the calling thread twice the other's time).
-int64_t ranges(const Shape& n) {
-  const int64_t pairs = n.B * n.KV, threads = omp_get_max_threads();
-  const int64_t wanted = (2 * threads + pairs - 1) / pairs;
-  const int64_t splits = std::max<int64_t>({1, (n.S + MAX_RANGE - 1) / MAX_RANGE, std::min(wanted, n.S / MIN_RANGE)});
+int64_t even_splits(int64_t pairs, int64_t len, int64_t threads) {
+  const int64_t splits = splits_of(len, pairs * len, threads);
   if (pairs * splits % threads == 0 || pairs * splits >= 4 * threads) return splits;
-  for (int64_t s = splits + 1; s <= splits * threads && s * EVEN_RANGE <= n.S; s++)
-    if (pairs * s % threads == 0 && (s - 1) * ((n.S + s - 1) / s) < n.S) return s;  // no range left empty
+  for (int64_t s = splits + 1; s <= splits * threads && s * EVEN_RANGE <= len; s++)
+    if (pairs * s % threads == 0 && (s - 1) * ((len + s - 1) / s) < len) return s;  // no range left empty
   return splits;
+}
+
+// The first slot of a mask row (S slots, stride ss) that is set, S for none; 8 slots a load where contiguous.
+inline int64_t first_seen(const uint8_t* m, int64_t ss, int64_t S) {
+  int64_t s = 0;
+  for (uint64_t word; ss == 1 && s + 8 <= S; s += 8) {
+    std::memcpy(&word, m + s, 8);
+    if (word) break;
+  }
+  for (; s < S; s++)
+    if (m[s * ss]) return s;
+  return S;
+}
+
+// One past the last slot of a mask row that is set, 0 for none (first_seen's, from the end).
+inline int64_t end_seen(const uint8_t* m, int64_t ss, int64_t S) {
+  int64_t s = S;
+  for (uint64_t word; ss == 1 && s >= 8; s -= 8) {
+    std::memcpy(&word, m + s - 8, 8);
+    if (word) break;
+  }
+  for (; s > 0; s--)
+    if (m[(s - 1) * ss]) return s;
+  return 0;
+}
+
+struct Task {  // keys [s0, s1) of one (row, KV head) pair
+  int64_t pair, s0, s1;
+};
+
+// A call's tasks, pair after pair, and where each pair's start (`first`, pairs + 1 entries). A pair's keys
+// are the slots its row's tokens see, first to last (a masked slot inside still is scored -inf): a row at
+// 100 tokens stepped beside one at 2,000 reads its 100 keys, not the step's span of 2,000 (the decode
+// attention had read every slot of the span and masked those past a row's end), and a left-padded row
+// skips its padding. Rows that all see as many keys keep the even split (the same tasks as a full span's);
+// others split in proportion to their keys, for a dynamic schedule to share. Returns whether the split is
+// even.
+bool plan(const Shape& n, const Strided& mask, std::vector<Task>& tasks, std::vector<int64_t>& first) {
+  const int64_t pairs = n.B * n.KV, threads = omp_get_max_threads();
+  thread_local std::vector<std::pair<int64_t, int64_t>> seen;  // each row's [lo, hi)
+  seen.assign(size_t(n.B), {n.S, 0});
+  int64_t total = 0;
+  bool even = true;
+  for (int64_t b = 0; b < n.B; b++) {
+    auto& [lo, hi] = seen[size_t(b)];
+    if (b > 0 && mask.sb == 0) seen[size_t(b)] = seen[0];  // one mask for every row
+    else
+      for (int64_t t = 0; t < n.T; t++) {
+        const uint8_t* row = static_cast<const uint8_t*>(mask.data) + b * mask.sb + t * mask.sh;
+        lo = std::min(lo, first_seen(row, mask.ss, n.S)), hi = std::max(hi, end_seen(row, mask.ss, n.S));
+      }
+    hi = std::max(lo, hi);
+    total += (hi - lo) * n.KV;
+    even = even && hi - lo == seen[0].second - seen[0].first;
+  }
+  tasks.clear();
+  first.assign(size_t(pairs + 1), 0);
+  for (int64_t pair = 0; pair < pairs; pair++) {
+    const auto [lo, hi] = seen[size_t(pair / n.KV)];
+    const int64_t splits = even ? even_splits(pairs, hi - lo, threads) : splits_of(hi - lo, total, threads);
+    const int64_t width = (hi - lo + splits - 1) / splits;
+    first[size_t(pair)] = int64_t(tasks.size());
+    for (int64_t j = 0; j < splits; j++) tasks.push_back({pair, lo + j * width, std::min(hi, lo + (j + 1) * width)});
+  }
+  first[size_t(pairs)] = int64_t(tasks.size());
+  return even;
 }
 
 template <int Q> void from_f32(const float* x, int64_t count, void* y) {
@@ -353,40 +425,51 @@ int32_t decode_attention(const void* q, int32_t qkind, const int64_t* qs, const 
   if (n.B < 0 || n.KV < 1 || n.R < 1 || n.T < 1 || n.R % n.T || n.S < 1 || n.D < 1) return BAD_SHAPE;
   if (n.B == 0) return OK;  // nothing to compute (and no (row, head) pair to share the threads among)
   if (qkind < F32 || qkind > F16 || k.kind < F32 || k.kind > F16 || v.kind != k.kind) return BAD_DTYPE;
-  const int64_t splits = ranges(n), tasks = n.B * n.KV * splits, width = (n.S + splits - 1) / splits;
-  const int64_t per = n.R * (n.D + 2);  // a task's m (R), l (R), o (R, D)
+  thread_local std::vector<Task> tasks;
+  thread_local std::vector<int64_t> first;
+  const bool even = plan(n, mask, tasks, first);
+  const int64_t count_tasks = int64_t(tasks.size()), per = n.R * (n.D + 2);  // a task's m (R), l (R), o (R, D)
   // the calling thread's buffers (a decode step calls this once a layer), reached through pointers: a
   // thread_local named inside the parallel loop would be each worker's own, empty one
   thread_local std::vector<float> q_buffer, parts_buffer, result_buffer;
   q_buffer.resize(size_t(n.B * n.KV * n.R * n.D));
-  parts_buffer.resize(size_t(tasks * per));
+  parts_buffer.resize(size_t(count_tasks * per));
   result_buffer.resize(q_buffer.size());
   float *const qf = q_buffer.data(), *const parts = parts_buffer.data(), *const result = result_buffer.data();
+  const Task* const todo = tasks.data();
   const size_t count = q_buffer.size();
   if (qkind == F32) gather_f32<F32>(q, qs, n, qf);
   else if (qkind == BF16) gather_f32<BF16>(q, qs, n, qf);
   else gather_f32<F16>(q, qs, n, qf);
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < tasks; t++) {
-    const int64_t pair = t / splits, split = t % splits, b = pair / n.KV, h = pair % n.KV;
-    const int64_t s0 = split * width, s1 = std::min(n.S, s0 + width);
+  const auto run = [&](int64_t t) {
+    const Task& task = todo[t];
+    const int64_t b = task.pair / n.KV, h = task.pair % n.KV;
     float* part = parts + t * per;
-    if (s0 >= s1) {  // an empty range: nothing seen
+    if (task.s0 >= task.s1) {  // an empty range: nothing seen
       std::fill(part, part + n.R, -std::numeric_limits<float>::infinity());
       std::fill(part + n.R, part + per, 0.0f);
-      continue;
+      return;
     }
-    attend_range(qf + pair * n.R * n.D, k, v, mask, n, b, h, s0, s1, scale, part, part + n.R, part + 2 * n.R);
+    attend_range(qf + task.pair * n.R * n.D, k, v, mask, n, b, h, task.s0, task.s1, scale, part, part + n.R,
+                 part + 2 * n.R);
+  };
+  if (even) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < count_tasks; t++) run(t);
+  } else {  // tasks of unequal lengths: each thread takes the next as it finishes one
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t t = 0; t < count_tasks; t++) run(t);
   }
   for (int64_t pair = 0; pair < n.B * n.KV; pair++)  // each row: its ranges' results on one scale
     for (int64_t r = 0; r < n.R; r++) {
+      const int64_t j0 = first[size_t(pair)], j1 = first[size_t(pair + 1)];
       float top = -std::numeric_limits<float>::infinity(), total = 0.0f;
-      for (int64_t j = 0; j < splits; j++) top = nan_max(top, parts[(pair * splits + j) * per + r]);
+      for (int64_t j = j0; j < j1; j++) top = nan_max(top, parts[j * per + r]);
       float* y = result + (pair * n.R + r) * n.D;
       std::fill(y, y + n.D, 0.0f);
       if (top == -std::numeric_limits<float>::infinity()) continue;  // no key seen: zeros
-      for (int64_t j = 0; j < splits; j++) {
-        const float* part = parts + (pair * splits + j) * per;
+      for (int64_t j = j0; j < j1; j++) {
+        const float* part = parts + j * per;
         const float w = part[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(part[r] - top);
         total += w * part[n.R + r];
         if (w != 0.0f) axpy(w, part + 2 * n.R + r * n.D, y, n.D);

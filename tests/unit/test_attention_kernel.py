@@ -2,7 +2,8 @@
 each instruction path this machine can run: float32, bfloat16 and float16 queries and caches, grouped query
 heads, several tokens a row (a verify or chunk step's causal masks), head sizes that are no multiple of a
 vector, one key, keys split across threads and combined, keys split past a range's largest, strided views of
-a larger cache, any strides of q, k and v, a mask shared by the batch; a row that sees no key, stale NaNs in
+a larger cache, any strides of q, k and v, a mask shared by the batch, rows that see unequal spans of the keys
+(and a row that reads only its own: the others on unreadable pages); a row that sees no key, stale NaNs in
 masked slots, and operands it refuses, through the Python wrapper and through the C shim a compiled graph
 calls. The decode graphs' parity with it is the bundle tier's (tests/bundle/test_native_attention.py)."""
 
@@ -101,6 +102,74 @@ def test_a_row_that_sees_nothing_while_the_keys_are_split(lib):
     expected = _reference(q, k, v, mask, 0.3)
     torch.testing.assert_close(out[0].double(), expected[0], **CLOSE)
     torch.testing.assert_close(out[1, :, 0::2].double(), expected[1, :, 0::2], **CLOSE)
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("ktype", [torch.float32, torch.bfloat16])
+def test_rows_that_see_unequal_spans_of_keys(lib, tokens, ktype):
+    """A step's rows see their own spans of its keys: one all of them (more than a range holds), one its
+    first 60, one left-padded from slot 900, one nothing, one the first 700 of a cache whose slots before
+    them (a shorter prompt's) it does not see either; each as fp64 says. Then a short row's output is the
+    same bits beside longer rows as alone."""
+    q, k, v, mask = _operands(5, 2, 2, tokens, 2300, 16, torch.float32, ktype, seed=11)
+    mask[1, ..., 60:] = False
+    mask[2, ..., :900] = False
+    mask[3] = False
+    mask[4, ..., 700:] = False
+    mask[4, ..., :5] = False
+    out = native.decode_attention(q, k, v, mask, 0.25, lib)
+    expected = _reference(q, k, v, mask, 0.25)
+    assert torch.equal(out[3], torch.zeros_like(out[3]))
+    tolerance = TOLERANCE[ktype]
+    assert (out[[0, 1, 2, 4]].double() - expected[[0, 1, 2, 4]]).abs().max().item() < tolerance
+    alone = native.decode_attention(q[1:2], k[1:2], v[1:2], mask[1:2], 0.25, lib)
+    assert torch.equal(out[1:2], alone)
+
+
+# Run in a process of its own (a read out of bounds ends it), argv: the library, its ISA. Two rows of a step
+# over a span of 128 slots: row 0 sees them all, row 1 slots 8 to 40 only, and its other slots lie on pages
+# that cannot be read: the kernel must not touch them (it had read every slot of the span, then masked).
+_UNREADABLE = """
+import ctypes, mmap, sys
+from pathlib import Path
+import torch
+from runtime.quant import native
+
+S, D, lo, hi = 128, 256, 8, 40  # slots, head size (a KB a slot of fp32), row 1's slots
+mprotect = ctypes.CDLL(None).mprotect
+mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+g = torch.Generator().manual_seed(0)
+caches = []
+for _ in range(2):  # k and v (2, 1, S, D), each row's slots after the other's
+    memory = mmap.mmap(-1, 2 * S * D * 4)
+    cache = torch.frombuffer(memory, dtype=torch.float32).view(2, 1, S, D)
+    cache.copy_(torch.randn(2, 1, S, D, generator=g))
+    base = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    for first, last in ((S, S + lo), (S + hi, 2 * S)):  # row 1's slots it does not see
+        assert mprotect(base + first * D * 4, (last - first) * D * 4, 0) == 0
+    caches.append((memory, cache))
+k, v = caches[0][1], caches[1][1]
+q = torch.randn(2, 1, 4, D, generator=g)
+mask = torch.zeros(2, 1, 1, S, dtype=torch.bool)
+mask[0] = True
+mask[1, ..., lo:hi] = True
+out = native.decode_attention(q, k, v, mask, D**-0.5, native.Library(Path(sys.argv[1]), sys.argv[2]))
+for row, (a, b) in enumerate(((0, S), (lo, hi))):
+    seen_k, seen_v = k[row, :, a:b].double(), v[row, :, a:b].double()
+    expected = ((q[row].double() @ seen_k.transpose(-1, -2)) * D**-0.5).softmax(-1) @ seen_v
+    assert (out[row].double() - expected).abs().max().item() < 2e-6, row
+print("read only what it sees")
+"""
+
+
+def test_a_row_reads_only_the_slots_it_sees(lib):
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _UNREADABLE, lib._lib._name, lib.isa], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0 and "read only what it sees" in run.stdout, (run.returncode, run.stderr[-2000:])
 
 
 def test_no_rows(lib):
