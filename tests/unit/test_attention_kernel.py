@@ -10,6 +10,7 @@ calls. The decode graphs' parity with it is the bundle tier's (tests/bundle/test
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,8 +110,9 @@ def test_a_row_that_sees_nothing_while_the_keys_are_split(lib):
 def test_rows_that_see_unequal_spans_of_keys(lib, tokens, ktype):
     """A step's rows see their own spans of its keys: one all of them (more than a range holds), one its
     first 60, one left-padded from slot 900, one nothing, one the first 700 of a cache whose slots before
-    them (a shorter prompt's) it does not see either; each as fp64 says. Then a short row's output is the
-    same bits beside longer rows as alone."""
+    them (a shorter prompt's) it does not see either; each as fp64 says. Then a row short enough for one
+    range of keys (60) is the same bits beside longer rows as alone (a longer row's split depends on the
+    others' keys, so its bits may not be)."""
     q, k, v, mask = _operands(5, 2, 2, tokens, 2300, 16, torch.float32, ktype, seed=11)
     mask[1, ..., 60:] = False
     mask[2, ..., :900] = False
@@ -167,7 +169,11 @@ def test_a_row_reads_only_the_slots_it_sees(lib):
     import sys
 
     run = subprocess.run(
-        [sys.executable, "-c", _UNREADABLE, lib._lib._name, lib.isa], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _UNREADABLE, lib._lib._name, lib.isa],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],  # the checkout's runtime, as the tests import it
     )
     assert run.returncode == 0 and "read only what it sees" in run.stdout, (run.returncode, run.stderr[-2000:])
 
