@@ -368,9 +368,9 @@ struct Task {  // keys [s0, s1) of one (row, KV head) pair
 // are the slots its row's tokens see, first to last (a masked slot inside still is scored -inf): a row at
 // 100 tokens stepped beside one at 2,000 reads its 100 keys, not the step's span of 2,000 (the decode
 // attention had read every slot of the span and masked those past a row's end), and a left-padded row
-// skips its padding. Rows that all see as many keys keep the even split (the same tasks as a full span's);
-// others split in proportion to their keys, for a dynamic schedule to share. Returns whether the split is
-// even.
+// skips its padding. Rows that all see as many keys keep the even split (rows that all see the whole span:
+// the tasks, and so the bits, of the kernel before); others split in proportion to their keys, for a
+// dynamic schedule to share. Returns whether the split is even.
 bool plan(const Shape& n, const Strided& mask, std::vector<Task>& tasks, std::vector<int64_t>& first) {
   const int64_t pairs = n.B * n.KV, threads = omp_get_max_threads();
   thread_local std::vector<std::pair<int64_t, int64_t>> seen;  // each row's [lo, hi)
