@@ -43,6 +43,9 @@ def staging_dir(out: Path):
         raise ExportError(f"cannot write in {out.parent} ({e.strerror}); choose another --out") from None
     try:
         yield staging
+    except KeyboardInterrupt:  # SIGINT or SIGTERM (signals_abort)
+        _stop_compilers()
+        raise
     finally:
         _remove_tree(staging)
         for folder in made:
@@ -61,6 +64,53 @@ def _remove_tree(path: Path, attempts: int = 40) -> None:
         if not path.exists():
             return
         time.sleep(0.05)
+
+
+# Programs an export runs that write into its staging folder: an interrupt of the export does not stop
+# them (Python's subprocess waits 0.25 s for a child after SIGINT, then leaves it running), and one still
+# compiling after _remove_tree gave up wrote the folder back (CI: a SIGINT mid-compile left it behind).
+_COMPILERS = frozenset(
+    ("cc1plus", "cc1", "as", "collect2", "ld", "ld.bfd", "ld.gold", "ld.lld")
+    + ("g++", "gcc", "c++", "cc", "clang", "clang++")
+)
+
+
+def _stop_compilers(wait: float = 5.0) -> None:
+    """SIGKILL the compilers and linkers among this process's descendants, and wait (at most `wait` s)
+    until they are gone. Linux (/proc); elsewhere nothing."""
+    stats = _process_stats()
+    children: dict[int, list[int]] = {}
+    for pid, (_, _, parent) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    tree, todo = [], [os.getpid()]
+    while todo:
+        found = children.get(todo.pop(), [])
+        tree += found
+        todo += found
+    doomed = [pid for pid in tree if stats[pid][0] in _COMPILERS]
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait
+    while doomed and time.monotonic() < deadline:
+        now = _process_stats()
+        doomed = [pid for pid in doomed if pid in now and now[pid][1] != "Z"]  # a zombie writes nothing
+        time.sleep(0.02)
+
+
+def _process_stats() -> dict[int, tuple[str, str, int]]:
+    """Every process's (name, state, parent pid) from /proc; {} where there is none."""
+    stats = {}
+    for path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = path.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name, rest = text[text.find("(") + 1 : text.rfind(")")], text[text.rfind(")") + 2 :].split()
+        stats[int(path.parent.name)] = (name, rest[0], int(rest[1]))
+    return stats
 
 
 def _remove_stale(out: Path) -> None:
