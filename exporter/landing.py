@@ -66,9 +66,10 @@ def _remove_tree(path: Path, attempts: int = 40) -> None:
         time.sleep(0.05)
 
 
-# Programs an export runs that write into its staging folder: an interrupt of the export does not stop
-# them (Python's subprocess waits 0.25 s for a child after SIGINT, then leaves it running), and one still
-# compiling after _remove_tree gave up wrote the folder back (CI: a SIGINT mid-compile left it behind).
+# Programs an export runs that can write into its staging folder: an interrupt of the export does not stop
+# them (Python's subprocess waits 0.25 s for a child after SIGINT, then leaves it running). CI once saw a
+# SIGINT mid-compile leave the folder behind after _remove_tree's retries; such a writer is the likely
+# cause (inferred, not observed).
 _COMPILERS = frozenset(
     ("cc1plus", "cc1", "as", "collect2", "ld", "ld.bfd", "ld.gold", "ld.lld")
     + ("g++", "gcc", "c++", "cc", "clang", "clang++")
