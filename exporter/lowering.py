@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from exporter.timing import Interleaved, interleaved_seconds
+from exporter.timing import Interleaved, held_as_loaded, interleaved_seconds
 from runtime.compat import float_environment_kept
 from runtime.format.manifest import DENSE, DPBF16, KERNEL_LOWERINGS, TILES, Lowering
 from runtime.format.quant import QuantSpec
@@ -127,6 +127,16 @@ def example(shape: WeightShape, rows: int, dtype: torch.dtype, device: str, batc
     return x, codes, *scales, *scheme.op_extras(spec)
 
 
+def _timed_operands(shape: WeightShape, dtype: torch.dtype, device: str, batch: int) -> tuple:
+    """example()'s operands for timing `shape` (rows enough to stream from memory: _timed_rows), a CPU
+    weight's tensors held as the runtime holds a bundle's (exporter.timing.held_as_loaded)."""
+    x, *weight = example(shape, _timed_rows(shape, dtype), dtype, device, batch)
+    if device != "cpu":
+        return x, *weight
+    tensors = iter(held_as_loaded([t for t in weight if torch.is_tensor(t)]))
+    return x, *(next(tensors) if torch.is_tensor(t) else t for t in weight)
+
+
 def _random(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
     """Random bits for an integer buffer (int5's fifth bits), values in [0, 1) for scales."""
     if dtype == torch.uint8:
@@ -217,7 +227,7 @@ def tune(
 
 
 def _tuned(shape: WeightShape, dtype, device: str, inductor_options: dict, batch: int, log, own) -> Lowering:
-    args = example(shape, _timed_rows(shape, dtype), dtype, device, batch)
+    args = _timed_operands(shape, dtype, device, batch)
     torch.compiler.reset()  # this shape's candidates are fresh compiles, not recompiles of the last shape's
     fns = {name: _runnable(fn, inductor_options) for name, fn in candidates(shape.op, batch, own).items()}
     with float_environment_kept():  # a compiled candidate's .so is loaded on the first call
@@ -251,7 +261,7 @@ def race(entrants: dict, dtype, device: str, batch: int) -> tuple[dict[str, floa
     fns, sizes = {}, {}
     torch.compiler.reset()
     for name, (shape, candidate, options) in entrants.items():
-        args = example(shape, _timed_rows(shape, dtype), dtype, device, batch)
+        args = _timed_operands(shape, dtype, device, batch)
         fn = candidate if callable(candidate) else _runnable(CANDIDATES[shape.op][candidate], options)
         fns[name], sizes[name] = functools.partial(fn, *args), _weight_bytes(args)
     with float_environment_kept():

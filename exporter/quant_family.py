@@ -27,7 +27,7 @@ from exporter import kernels
 from exporter.compile import kernel_options
 from exporter.config import ExportConfig
 from exporter.lowering import CANDIDATES, DOT, WeightShape, example, fastest, gb_per_s, noise_of, race, tensor_bytes
-from exporter.timing import interleaved_seconds
+from exporter.timing import held_as_loaded, interleaved_seconds
 from runtime.compat import float_environment_kept
 from runtime.format.manifest import Quantization
 from runtime.format.quant import INDUCTOR, INTEGER, METHODS, QuantSpec
@@ -113,11 +113,12 @@ def _integer_build(config: ExportConfig, weights: list, dtype, log) -> tuple[ker
 
 def _step_weights(plan: Quantization, shapes: dict[str, tuple[int, int]]) -> list[tuple]:
     """A decode step's worth of weights for the builds' race: each quantized linear layer's, in the plan's
-    order, as random bits of its shape and method in the integer family's layout, each in its own memory
-    (method, columns, operands, group size), up to STEP_BYTES. A step's calls of small weights cost more
-    than their bytes, and the build that streams one big weight faster is not always the one that steps
-    faster: SmolLM2-135M int8 on an AMD EPYC Zen 4, raced on its lm_head alone, kept tiles (36.6 against
-    35.0 GB/s), whose step took 7.1 ms against one-tile's 6.0 (artifacts/bench/epyc-zen4/fused/)."""
+    order, as random bits of its shape and method in the integer family's layout (method, columns,
+    operands, group size), up to STEP_BYTES, held as the runtime holds a bundle's (one file's mapping:
+    exporter.timing.held_as_loaded). A step's calls of small weights cost more than their bytes, and the
+    build that streams one big weight faster is not always the one that steps faster: SmolLM2-135M int8
+    on an AMD EPYC Zen 4, raced on its lm_head alone, kept tiles (36.6 against 35.0 GB/s), whose step
+    took 7.1 ms against one-tile's 6.0 (artifacts/bench/epyc-zen4/fused/)."""
     weights, size = [], 0
     for path in plan.linears:
         spec, (rows, cols) = plan.spec(path), shapes[path]
@@ -128,7 +129,8 @@ def _step_weights(plan: Quantization, shapes: dict[str, tuple[int, int]]) -> lis
         if weights and size > STEP_BYTES:
             break
         weights.append((spec.method, cols, tensors, spec.group_size))
-    return weights
+    held = iter(held_as_loaded([t for *_, tensors, _ in weights for t in tensors]))
+    return [(method, cols, [next(held) for _ in tensors], group) for method, cols, tensors, group in weights]
 
 
 @torch.inference_mode()

@@ -1,12 +1,20 @@
-"""Timing calls: the median-of-repeats timer the benchmark's roofline and the attention choice use, and
-the interleaved timer the GEMV tuning uses to compare candidates on a machine that may be busy."""
+"""Timing calls: the median-of-repeats timer the benchmark's roofline and the attention choice use, the
+interleaved timer the GEMV tuning uses to compare candidates on a machine that may be busy, and the
+timed weights' memory: held as the runtime holds a bundle's."""
 
 from __future__ import annotations
 
 import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from runtime.model.weights import read_weights
 
 
 def median_seconds(fn, *args, repeats: int = 7) -> float:
@@ -53,3 +61,19 @@ def interleaved_seconds(fns: dict, *args, threads: int, rounds: int = 5, calls: 
         spread={name: statistics.median(s) / min(s) - 1 for name, s in samples.items()},
         cpu_share=share,
     )
+
+
+def held_as_loaded(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """CPU `tensors`, the same values held as the runtime holds a bundle's weights (runtime.model.weights:
+    views of a private mapping of a safetensors file, its pages clean in the page cache), in order. Which
+    build of the integer kernels streams a weight faster depends on that memory: Gemma 3 270M int4's
+    weights on an AMD EPYC Zen 4, mapped from a file, went faster with one tile a pass in 15 interleaved
+    timings of 16; copied into fresh allocations, with several in 6 of 8. The builds' race, which timed
+    such copies, had kept the build whose step was 0.5-1 ms slower (artifacts/bench/epyc-zen4/held/)."""
+    with tempfile.TemporaryDirectory(prefix="aotpack-timed-") as folder:
+        path = Path(folder) / "timed.safetensors"
+        save_file({str(i): t.contiguous() for i, t in enumerate(tensors)}, str(path))
+        with open(path, "rb") as written:  # clean pages, as a bundle's are: no writeback during the timing
+            os.fsync(written.fileno())
+        loaded = read_weights(path)  # the mapping outlives the file's name
+    return [loaded[str(i)] for i in range(len(tensors))]

@@ -22,7 +22,39 @@ from exporter.lowering import (
     noise_of,
     tune,
 )
-from exporter.timing import Interleaved, interleaved_seconds
+from exporter.timing import Interleaved, held_as_loaded, interleaved_seconds
+
+TIMED_FILE = "timed.safetensors (deleted)"  # exporter.timing.held_as_loaded's file, unlinked once mapped
+
+
+def _mapped_file(tensor: torch.Tensor) -> str:
+    """The file whose mapping holds `tensor`'s first byte ("" for anonymous memory, the heap's included),
+    from /proc/self/maps."""
+    address = tensor.data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, _, _, _, _, *path = line.split(maxsplit=5)
+            start, end = (int(a, 16) for a in span.split("-"))
+            if start <= address < end:
+                return path[0].strip() if path and not path[0].startswith("[") else ""
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_timed_weights_are_held_as_the_runtime_holds_a_bundles():
+    """The timings' weights live where a loaded bundle's do (a file's mapping, runtime.model.weights):
+    which build of the integer kernels is faster depends on it. The values and order are kept; a timed
+    operand's activations and extras are left as they were."""
+    from exporter.lowering import _timed_operands
+
+    tensors = [torch.randint(0, 256, (64, 32), dtype=torch.uint8), torch.rand(64), torch.rand(3, 5).t()]
+    held = held_as_loaded(tensors)
+    assert [(h.dtype, h.shape) for h in held] == [(t.dtype, t.shape) for t in tensors]
+    assert all(torch.equal(h, t) for h, t in zip(held, tensors, strict=True))
+    assert [_mapped_file(h).endswith(TIMED_FILE) for h in held] == [True] * 3
+    assert [_mapped_file(t) for t in tensors] == [""] * 3  # fresh allocations: anonymous memory
+    x, *weight, group = _timed_operands(WeightShape("int4-dot", 64, 64, 32), torch.float32, "cpu", 1)
+    assert _mapped_file(x) == "" and group == 32
+    assert len(weight) == 3 and all(_mapped_file(t).endswith(TIMED_FILE) for t in weight)  # codes, scales, mins
 
 
 def _sleeper(seconds: float, calls: list[str], name: str):
@@ -176,8 +208,9 @@ def test_the_kernel_families_and_the_integer_builds_are_raced_and_noise_keeps_th
         shapes = {name: shape.op for name, (shape, _, _) in entrants.items()}
         return timed("families", batch, shapes, {INTEGER: 3.0, INDUCTOR: 5.0})
 
-    def race_step(libraries, weights, dtype, batch):  # every layer's weight, each in its own memory
+    def race_step(libraries, weights, dtype, batch):  # every layer's weight, held as a bundle's are
         assert [(cols, operands[0].shape) for _, cols, operands, _ in weights] == [(32, (64, 32)), (32, (128, 32))]
+        assert all(_mapped_file(t).endswith(TIMED_FILE) for _, _, operands, _ in weights for t in operands)
         return timed("builds", batch, libraries, build_rates)
 
     builds = {one: SimpleNamespace(library=f"{name} library") for name, one in quant_family.BUILDS.items()}
