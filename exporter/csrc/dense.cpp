@@ -97,7 +97,15 @@ template <int W> inline __m256 load8(const void* w, int64_t i) {
 // A pass's share of fetching the next micro-tile's C rows (same columns) while it computes this one's:
 // `phase` of `phases` (>= 1; 0 phases: no prefetching), every phases-th cache line from line `phase`, so
 // the passes over a tile spread the next one's fetches evenly. at(k) as the pass reaches column k.
-template <int W, int C> struct Prefetch {
+// `L2`: fetch into L2 only (_MM_HINT_T1), for passes of L2_ROWS activation rows or more. Fetched into L1,
+// the next tile's lines crowded out the pass's own while it worked through them 4 or 8 rows at a time:
+// Gemma 3 270M's fp32 linears (lm_head and 18 layers) at 8 rows took 42.4-44.2 ms fetching into L1 and
+// 33.2-33.7 into L2, at 4 rows 38.3-40.3 and 33.3-34.4; at 1 and 2 rows, whose passes leave each line
+// soon after reading it, L1 and L2 were alike (AMD EPYC Zen 4, 2 threads, weights held as a bundle's,
+// interleaved; artifacts/bench/epyc-zen4/held/fetch.txt). bf16 weights through the FMA path (half the
+// lines) were alike; through `dpbf16` at 8 rows 21.2-21.3 -> 19.7-19.8 ms, at 4 rows 18.0-18.3 -> 17.0-17.4.
+constexpr int L2_ROWS = 4;
+template <int W, int C, bool L2 = false> struct Prefetch {
   static constexpr int64_t SIZE = W == F32 ? 4 : 2, LINE = 64 / SIZE;  // elements per cache line
   const char* base;
   Rows ahead;
@@ -107,7 +115,8 @@ template <int W, int C> struct Prefetch {
         fetch(phases ? phase * LINE : INT64_MAX) {}
   void at(int64_t k) {
     if (k != fetch) return;
-    for (int c = 0; c < C; c++) _mm_prefetch(base + (ahead.at(c) * K + k) * SIZE, _MM_HINT_T0);  // never faults
+    for (int c = 0; c < C; c++)  // never faults
+      _mm_prefetch(base + (ahead.at(c) * K + k) * SIZE, L2 ? _MM_HINT_T1 : _MM_HINT_T0);
     fetch += phases * LINE;
   }
 };
@@ -117,7 +126,7 @@ template <int W, int C> struct Prefetch {
 template <int W, int R, int C>
 inline void micro(const float* x, int64_t ldx, const void* w, int64_t K, Rows n, float out[OUT_ROWS][NR],
                   int64_t phase, int64_t phases) {
-  Prefetch<W, C> prefetch(w, n, K, phase, phases);
+  Prefetch<W, C, (R >= L2_ROWS)> prefetch(w, n, K, phase, phases);
   __m256 acc[R][C];
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
@@ -156,7 +165,7 @@ template <int W> inline __m512 load8x2(const void* w, int64_t i) {
 template <int W, int P, int C>
 inline void micro2(const float* x, int64_t ldx, const float* pairs, const void* w, int64_t K, Rows n,
                    float out[OUT_ROWS][NR], int64_t phase, int64_t phases, int R) {
-  Prefetch<W, C> prefetch(w, n, K, phase, phases);
+  Prefetch<W, C, (2 * P >= L2_ROWS)> prefetch(w, n, K, phase, phases);
   const int64_t body = K / 8 * 8;
   __m512 acc[P][C];
   for (int p = 0; p < P; p++)
@@ -194,7 +203,7 @@ inline void micro2(const float* x, int64_t ldx, const float* pairs, const void* 
 template <int R, int C>
 inline void micro_dpbf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K, Rows n,
                         float out[OUT_ROWS][NR], int64_t phase, int64_t phases) {
-  Prefetch<BF16, C> prefetch(w, n, K, phase, phases);
+  Prefetch<BF16, C, (R >= L2_ROWS)> prefetch(w, n, K, phase, phases);
   __m512 acc[R][C];
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
