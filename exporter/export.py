@@ -27,7 +27,7 @@ from exporter.compile import compile_graph, export_decode, inductor_options, nat
 from exporter.config import ExportConfig
 from exporter.constants import constant_sources
 from exporter.landing import land, readable_by_all, signals_abort, staging_dir
-from exporter.lowering import MAX_FUSED_ROWS, fixed, lower, tune, weight_shapes
+from exporter.lowering import MAX_FUSED_ROWS, fixed, forget_timed_weights, lower, tune, weight_shapes
 from exporter.model import cache_layout, decode_module, is_multimodal, load_model, text_config
 from exporter.onnx_export import export_onnx
 from exporter.parity import check_parity
@@ -106,6 +106,7 @@ def _build(config: ExportConfig, staging: Path, progress: Progress) -> Manifest:
     options = inductor_options(config.device, config.cpu_isa, contract, None, quantization)
     kernel = _attention(model, config, attention, options, progress, native is not None)
     graphs, package = _compile_graphs(config, model, step, contract, kernel, quantization, native, progress, staging)
+    forget_timed_weights()  # the tuning's held weights, kept between the graphs
     if not integer and not _calls_kernels((lw for g in graphs for lw in g.lowerings), kernel):
         native = None  # no graph calls the kernels: the bundle goes without them
     with stage("write", "writing weights, tokenizer and configs"):

@@ -127,16 +127,6 @@ def example(shape: WeightShape, rows: int, dtype: torch.dtype, device: str, batc
     return x, codes, *scales, *scheme.op_extras(spec)
 
 
-def _timed_operands(shape: WeightShape, dtype: torch.dtype, device: str, batch: int) -> tuple:
-    """example()'s operands for timing `shape` (rows enough to stream from memory: _timed_rows), a CPU
-    weight's tensors held as the runtime holds a bundle's (exporter.timing.held_as_loaded)."""
-    x, *weight = example(shape, _timed_rows(shape, dtype), dtype, device, batch)
-    if device != "cpu":
-        return x, *weight
-    tensors = iter(held_as_loaded([t for t in weight if torch.is_tensor(t)]))
-    return x, *(next(tensors) if torch.is_tensor(t) else t for t in weight)
-
-
 def _random(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
     """Random bits for an integer buffer (int5's fifth bits), values in [0, 1) for scales."""
     if dtype == torch.uint8:
@@ -166,12 +156,39 @@ def gb_per_s(size: int, seconds: float) -> float:
 # timed as a stack of copies (more rows, same columns) of at least this many bytes: the same kernel,
 # streaming from memory, its per-call overhead spread thin.
 _TIMED_BYTES = 96 << 20
+# Timed weights kept between graphs (_timed_weight), a shape and dtype each: a model's distinct linear
+# shapes (Gemma 3 270M float32: 6, 1.2 GB in all) are written and synced once an export, not once a graph.
+TIMED_WEIGHTS = 32
 
 
 def _timed_rows(shape: WeightShape, dtype) -> int:
     row_bytes = _weight_bytes(example(WeightShape(shape.op, 1, shape.cols, shape.group_size), 1, dtype, "cpu"))
     copies = max(1, -(-_TIMED_BYTES // (row_bytes * shape.rows)))
     return shape.rows * copies
+
+
+def _timed_operands(shape: WeightShape, dtype: torch.dtype, device: str, batch: int) -> tuple:
+    """Operands for timing `shape` at `batch`: fresh activations and _timed_weight's weight."""
+    x = torch.randn(batch, 1, shape.cols, device=device).to(dtype)  # as example()'s
+    return x, *_timed_weight(shape, dtype, device)
+
+
+@functools.lru_cache(maxsize=TIMED_WEIGHTS)
+def _timed_weight(shape: WeightShape, dtype: torch.dtype, device: str) -> tuple:
+    """example()'s weight operands for `shape` (rows enough to stream from memory: _timed_rows), a CPU
+    weight's tensors held as the runtime holds a bundle's (exporter.timing.held_as_loaded). Kept for the
+    graphs after the first, which time the same shapes at other batches (forget_timed_weights)."""
+    _, *weight = example(shape, _timed_rows(shape, dtype), dtype, device)
+    if device != "cpu":
+        return tuple(weight)
+    tensors = iter(held_as_loaded([t for t in weight if torch.is_tensor(t)]))
+    return tuple(next(tensors) if torch.is_tensor(t) else t for t in weight)
+
+
+def forget_timed_weights() -> None:
+    """Let the timed weights go (their files' space and pages): an export calls this once its graphs are
+    tuned."""
+    _timed_weight.cache_clear()
 
 
 def fixed(shapes: list[WeightShape], dtype: torch.dtype, family: str) -> tuple[Lowering, ...]:

@@ -14,8 +14,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from runtime.model.weights import read_weights
-
 
 def median_seconds(fn, *args, repeats: int = 7) -> float:
     """The median wall time of `fn(*args)` over `repeats` calls, after one call that warms it up (or
@@ -64,8 +62,9 @@ def interleaved_seconds(fns: dict, *args, threads: int, rounds: int = 5, calls: 
 
 
 def held_as_loaded(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """CPU `tensors`, the same values held as the runtime holds a bundle's weights (runtime.model.weights:
-    views of a private mapping of a safetensors file, its pages clean in the page cache), in order. Which
+    """CPU `tensors`, the same values held as the runtime holds a bundle's weights, in order: views of a
+    private mapping of a safetensors file in TMPDIR (runtime.model.weights; `load()` maps a bundle's copy
+    there), its pages synced, as a bundle's are clean (on a tmpfs TMPDIR, shared memory either way). Which
     build of the integer kernels streams a weight faster depends on that memory: Gemma 3 270M int4's
     weights on an AMD EPYC Zen 4, mapped from a file, went faster with one tile a pass in 15 interleaved
     timings of 16; copied into fresh allocations, with several in 6 of 8. The builds' race, which timed
@@ -75,5 +74,7 @@ def held_as_loaded(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         save_file({str(i): t.contiguous() for i, t in enumerate(tensors)}, str(path))
         with open(path, "rb") as written:  # clean pages, as a bundle's are: no writeback during the timing
             os.fsync(written.fileno())
+        from runtime.model.weights import read_weights  # transformers with it: only when weights are held
+
         loaded = read_weights(path)  # the mapping outlives the file's name
     return [loaded[str(i)] for i in range(len(tensors))]

@@ -98,13 +98,14 @@ template <int W> inline __m256 load8(const void* w, int64_t i) {
 // `phase` of `phases` (>= 1; 0 phases: no prefetching), every phases-th cache line from line `phase`, so
 // the passes over a tile spread the next one's fetches evenly. at(k) as the pass reaches column k.
 // `L2`: fetch into L2 only (_MM_HINT_T1), for passes of L2_ROWS activation rows or more. Fetched into L1,
-// the next tile's lines crowded out the pass's own while it worked through them 4 or 8 rows at a time:
+// the next tile's lines crowded out the pass's own while a pass of several rows worked through them:
 // Gemma 3 270M's fp32 linears (lm_head and 18 layers) at 8 rows took 42.4-44.2 ms fetching into L1 and
-// 33.2-33.7 into L2, at 4 rows 38.3-40.3 and 33.3-34.4; at 1 and 2 rows, whose passes leave each line
-// soon after reading it, L1 and L2 were alike (AMD EPYC Zen 4, 2 threads, weights held as a bundle's,
-// interleaved; artifacts/bench/epyc-zen4/held/fetch.txt). bf16 weights through the FMA path (half the
-// lines) were alike; through `dpbf16` at 8 rows 21.2-21.3 -> 19.7-19.8 ms, at 4 rows 18.0-18.3 -> 17.0-17.4.
-constexpr int L2_ROWS = 4;
+// 33.2-33.7 into L2, at 4 rows 38.3-40.3 and 33.3-34.4, at 3 rows 36.4 and 33.3; at 1 and 2 rows, whose
+// passes leave each line soon after reading it, L2 was 1-5 % slower (AMD EPYC Zen 4, 2 threads, weights
+// held as a bundle's, interleaved; artifacts/bench/epyc-zen4/held/fetch.txt: the pairs path, micro2; the
+// AVX2 path's passes, micro, follow it unmeasured). bf16 weights through the FMA path (half the lines)
+// were alike; through `dpbf16` at 8 rows 21.2-21.3 -> 19.7-19.8 ms, at 4 rows 18.0-18.3 -> 17.0-17.4.
+constexpr int L2_ROWS = 3;
 template <int W, int C, bool L2 = false> struct Prefetch {
   static constexpr int64_t SIZE = W == F32 ? 4 : 2, LINE = 64 / SIZE;  // elements per cache line
   const char* base;
@@ -165,7 +166,7 @@ template <int W> inline __m512 load8x2(const void* w, int64_t i) {
 template <int W, int P, int C>
 inline void micro2(const float* x, int64_t ldx, const float* pairs, const void* w, int64_t K, Rows n,
                    float out[OUT_ROWS][NR], int64_t phase, int64_t phases, int R) {
-  Prefetch<W, C, (2 * P >= L2_ROWS)> prefetch(w, n, K, phase, phases);
+  Prefetch<W, C, (2 * P >= L2_ROWS)> prefetch(w, n, K, phase, phases);  // P pairs: 2P - 1 or 2P rows
   const int64_t body = K / 8 * 8;
   __m512 acc[P][C];
   for (int p = 0; p < P; p++)

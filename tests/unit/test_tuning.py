@@ -42,19 +42,45 @@ def _mapped_file(tensor: torch.Tensor) -> str:
 
 def test_timed_weights_are_held_as_the_runtime_holds_a_bundles():
     """The timings' weights live where a loaded bundle's do (a file's mapping, runtime.model.weights):
-    which build of the integer kernels is faster depends on it. The values and order are kept; a timed
-    operand's activations and extras are left as they were."""
-    from exporter.lowering import _timed_operands
-
+    which build of the integer kernels is faster depends on it. The values and order are kept."""
     tensors = [torch.randint(0, 256, (64, 32), dtype=torch.uint8), torch.rand(64), torch.rand(3, 5).t()]
     held = held_as_loaded(tensors)
     assert [(h.dtype, h.shape) for h in held] == [(t.dtype, t.shape) for t in tensors]
     assert all(torch.equal(h, t) for h, t in zip(held, tensors, strict=True))
     assert [_mapped_file(h).endswith(TIMED_FILE) for h in held] == [True] * 3
     assert [_mapped_file(t) for t in tensors] == [""] * 3  # fresh allocations: anonymous memory
-    x, *weight, group = _timed_operands(WeightShape("int4-dot", 64, 64, 32), torch.float32, "cpu", 1)
-    assert _mapped_file(x) == "" and group == 32
-    assert len(weight) == 3 and all(_mapped_file(t).endswith(TIMED_FILE) for t in weight)  # codes, scales, mins
+
+
+def test_every_timing_times_held_weights_written_once_an_export(monkeypatch):
+    """The GEMV tuning (tune) and the families' race (race) time weights held as a bundle's, fresh
+    activations at each batch, and a shape's weight is written once for all the graphs of an export
+    (forget_timed_weights lets them go)."""
+    from exporter import lowering
+
+    monkeypatch.setattr(lowering, "_TIMED_BYTES", 1 << 16)  # a unit test writes kilobytes, not 96 MB
+    monkeypatch.setattr(lowering, "KNOWN_GOOD", {})
+    timed, held = [], []
+    monkeypatch.setattr(lowering, "held_as_loaded", lambda tensors: held.append(tensors) or held_as_loaded(tensors))
+
+    def interleaved(fns, *args, threads):
+        timed.append(args or [a for fn in fns.values() for a in fn.args])  # tune passes them; race binds them
+        return Interleaved({name: 1e-3 for name in fns}, {name: 0.0 for name in fns}, 1.0)
+
+    monkeypatch.setattr(lowering, "interleaved_seconds", interleaved)
+    lowering.forget_timed_weights()
+    shape = WeightShape("int4-dot", 64, 64, 32)
+    for batch in (1, 4):
+        tune([shape], torch.float32, "cpu", {}, batch, log=lambda _: None)
+        lowering.race({"a": (shape, lambda *a: None, {})}, torch.float32, "cpu", batch)
+    x, *weight, group = timed[0]
+    assert [t.shape[0] for t in (args[0] for args in timed)] == [1, 1, 4, 4] and group == 32  # x: (batch, 1, K)
+    assert _mapped_file(x) == "" and len(weight) == 3  # codes, scales, mins
+    assert all(_mapped_file(t).endswith(TIMED_FILE) for args in timed for t in args[1:4])
+    assert len(held) == 1 and all(args[1] is weight[0] for args in timed)  # written once, shared
+    lowering.forget_timed_weights()
+    tune([shape], torch.float32, "cpu", {}, 1, log=lambda _: None)
+    assert len(held) == 2 and timed[-1][1] is not weight[0]  # forgotten: written again
+    lowering.forget_timed_weights()
 
 
 def _sleeper(seconds: float, calls: list[str], name: str):
