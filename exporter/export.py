@@ -64,7 +64,10 @@ def export(config: ExportConfig, log=print, progress: Progress | None = None) ->
     each stage (load, trace, tune, compile, write, parity); by default only `log` hears of them."""
     out, progress = config.out, progress or Progress(log, live=False)
     with staging_dir(out) as staging, signals_abort() as received:  # Ctrl-C must not leave half a bundle
-        manifest = _build(config, staging, progress)
+        try:
+            manifest = _build(config, staging, progress)
+        finally:
+            forget_timed_weights()  # a failed build's too
         readable_by_all(staging)
         if config.sign_key is not None:
             with progress.stage("sign", f"signing with {config.sign_key}"):
