@@ -115,16 +115,26 @@ def weight_shapes(exported) -> list[WeightShape]:
 
 def example(shape: WeightShape, rows: int, dtype: torch.dtype, device: str, batch: int = 1) -> tuple:
     """Random operands for timing: x (batch, 1, K) and the tensors of a (rows, K) weight of shape's kind."""
-    x = torch.randn(batch, 1, shape.cols, device=device).to(dtype)
+    return random_activations(shape, dtype, device, batch), *random_weight(shape, rows, dtype, device)
+
+
+def random_activations(shape: WeightShape, dtype: torch.dtype, device: str, batch: int = 1) -> torch.Tensor:
+    """Random activations for `shape`'s weight: (batch, 1, K)."""
+    return torch.randn(batch, 1, shape.cols, device=device).to(dtype)
+
+
+def random_weight(shape: WeightShape, rows: int, dtype: torch.dtype, device: str) -> tuple:
+    """The operands of a (rows, K) weight of shape's kind after x: its tensors (random bits in the
+    scheme's layout) and the scheme's plain arguments."""
     if shape.op == LINEAR:
-        return x, torch.randn(rows, shape.cols, device=device).to(dtype)
+        return (torch.randn(rows, shape.cols, device=device).to(dtype),)
     scheme = _NAMED[shape.op]
     spec = QuantSpec(scheme.method, shape.group_size, scheme.kernels)
     first, *rest = scheme.shapes(spec, rows, shape.cols)
     raw = torch.randint(0, 256, (*first[:-1], first[-1] * scheme.dtypes[0].itemsize), dtype=torch.uint8)
     codes = raw.view(scheme.dtypes[0]).to(device)  # random bits in the first buffer's dtype
     scales = [_random(s, kind, device) for s, kind in zip(rest, scheme.dtypes[1:], strict=True)]
-    return x, codes, *scales, *scheme.op_extras(spec)
+    return codes, *scales, *scheme.op_extras(spec)
 
 
 def _random(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
@@ -169,16 +179,15 @@ def _timed_rows(shape: WeightShape, dtype) -> int:
 
 def _timed_operands(shape: WeightShape, dtype: torch.dtype, device: str, batch: int) -> tuple:
     """Operands for timing `shape` at `batch`: fresh activations and _timed_weight's weight."""
-    x = torch.randn(batch, 1, shape.cols, device=device).to(dtype)  # as example()'s
-    return x, *_timed_weight(shape, dtype, device)
+    return random_activations(shape, dtype, device, batch), *_timed_weight(shape, dtype, device)
 
 
 @functools.lru_cache(maxsize=TIMED_WEIGHTS)
 def _timed_weight(shape: WeightShape, dtype: torch.dtype, device: str) -> tuple:
-    """example()'s weight operands for `shape` (rows enough to stream from memory: _timed_rows), a CPU
-    weight's tensors held as the runtime holds a bundle's (exporter.timing.held_as_loaded). Kept for the
-    graphs after the first, which time the same shapes at other batches (forget_timed_weights)."""
-    _, *weight = example(shape, _timed_rows(shape, dtype), dtype, device)
+    """random_weight for `shape` (rows enough to stream from memory: _timed_rows), a CPU weight's tensors
+    held as the runtime holds a bundle's (exporter.timing.held_as_loaded). Kept for the graphs after the
+    first, which time the same shapes at other batches (forget_timed_weights)."""
+    weight = random_weight(shape, _timed_rows(shape, dtype), dtype, device)
     if device != "cpu":
         return tuple(weight)
     tensors = iter(held_as_loaded([t for t in weight if torch.is_tensor(t)]))

@@ -26,7 +26,17 @@ import torch
 from exporter import kernels
 from exporter.compile import kernel_options
 from exporter.config import ExportConfig
-from exporter.lowering import CANDIDATES, DOT, WeightShape, example, fastest, gb_per_s, noise_of, race, tensor_bytes
+from exporter.lowering import (
+    CANDIDATES,
+    DOT,
+    WeightShape,
+    fastest,
+    gb_per_s,
+    noise_of,
+    race,
+    random_weight,
+    tensor_bytes,
+)
 from exporter.timing import held_as_loaded, interleaved_seconds
 from runtime.compat import float_environment_kept
 from runtime.format.manifest import Quantization
@@ -123,7 +133,7 @@ def _step_weights(plan: Quantization, shapes: dict[str, tuple[int, int]]) -> lis
     for path in plan.linears:
         spec, (rows, cols) = plan.spec(path), shapes[path]
         integer = scheme(QuantSpec(spec.method, spec.group_size, INTEGER))
-        _, *operands = example(WeightShape(integer.name, rows, cols, spec.group_size), rows, torch.float32, "cpu")
+        operands = random_weight(WeightShape(integer.name, rows, cols, spec.group_size), rows, torch.float32, "cpu")
         tensors = [t for t in operands if torch.is_tensor(t)]
         size += tensor_bytes(tensors)
         if weights and size > STEP_BYTES:
