@@ -212,6 +212,7 @@ struct Shape {
 constexpr int64_t KEYS = 4;  // keys a query row's vector load feeds (4 independent FMA chains)
 constexpr int64_t KEYS_AHEAD = 32;  // how far ahead of the keys' pass their rows are fetched (fetch_rows)
 constexpr int64_t TILE_KEYS = 32;  // values a tile holds: fp32 rows of Gemma's D = 256, 32 KB, stay in L1 across rows
+constexpr int64_t EARLY_VALUES = 256 << 10;  // bytes of a range's values fetched during its keys' pass, at most
 constexpr int64_t BLOCK_VECS = 4;  // vectors of one output row a value tile is added into, in registers
 
 // The sums of the KEYS vectors acc, into out: one reduction for the four (a key's sum alone took as many
@@ -286,12 +287,19 @@ void attend_range(const float* q, const Strided& k, const Strided& v, const Stri
   // the first keys and values, which the passes' own fetches (KEYS_AHEAD, TILE_KEYS ahead) never reach: at a
   // short context they are most of a task's (Gemma 3's shapes at 8 rows, 64 keys, cold: 92 -> 82 us a call;
   // 128 keys 166 -> 155; AMD EPYC Zen 4, 2 threads; artifacts/bench/epyc-zen4/short/)
+  // A range whose values fit in L2 with room to spare fetches them during the keys' pass, a few rows a
+  // group of keys, so that they arrive while the keys are multiplied: fetched as the values' own pass
+  // began, they came in as it waited (AMD EPYC Zen 4, cold, 9 interleaved rounds: SmolLM2-135M's 1,536
+  // keys at one row 133 -> 119 us a call; Gemma 3's 8 rows at 64 keys 78 -> 72 us, at 1,536 1,216 ->
+  // 1,181; artifacts/bench/epyc-zen4/attention-team/). Longer ranges' values would leave L2 before their pass.
+  const bool early = len * D * (v.kind == F32 ? 4 : 2) <= EARLY_VALUES;
   fetch_rows(k, b, h, s0, std::min(KEYS_AHEAD, len), D);
-  fetch_rows(v, b, h, s0, std::min(TILE_KEYS, len), D);
+  if (!early) fetch_rows(v, b, h, s0, std::min(TILE_KEYS, len), D);
   for (int64_t s = 0; s < len; s += KEYS) {
     const int64_t c = std::min(KEYS, len - s);
     cached_rows(k, b, h, s0 + s, c, D, converted, rows);
     if (s + KEYS_AHEAD < len) fetch_rows(k, b, h, s0 + s + KEYS_AHEAD, std::min(c, len - s - KEYS_AHEAD), D);
+    if (early) fetch_rows(v, b, h, s0 + s, c, D);
     for (int64_t r = 0; r < R; r++) {
       dots(q + r * D, rows, c, D, scale, got);
       const uint8_t* seen = allowed + (r % n.T) * mask.sh + (s0 + s) * mask.ss;
@@ -309,7 +317,7 @@ void attend_range(const float* q, const Strided& k, const Strided& v, const Stri
   for (int64_t s = 0; s < len; s += TILE_KEYS) {
     const int64_t c = std::min(TILE_KEYS, len - s);
     cached_rows(v, b, h, s0 + s, c, D, converted, rows);
-    if (s + TILE_KEYS < len) fetch_rows(v, b, h, s0 + s + TILE_KEYS, std::min(TILE_KEYS, len - s - TILE_KEYS), D);
+    if (!early && s + TILE_KEYS < len) fetch_rows(v, b, h, s0 + s + TILE_KEYS, std::min(TILE_KEYS, len - s - TILE_KEYS), D);
     for (int64_t r = 0; r < R; r++) weighted(scores.data() + r * len + s, rows, c, D, o + r * D);
   }
 }
@@ -402,24 +410,42 @@ bool plan(const Shape& n, const Strided& mask, std::vector<Task>& tasks, std::ve
   return even;
 }
 
-template <int Q> void from_f32(const float* x, int64_t count, void* y) {
-  for (int64_t i = 0; i < count; i++) store_from_f32<Q>(y, i, x[i]);
+// Pair `pair`'s R query rows of q (B, KV, R, D) with strides `qs` (any: Inductor lays a custom op's inputs out
+// as it likes) as fp32, contiguous, into y (R, D).
+template <int Q> void gather_pair(const void* q, const int64_t* qs, const Shape& n, int64_t pair, float* y) {
+  const int64_t b = pair / n.KV, h = pair % n.KV;
+  for (int64_t r = 0; r < n.R; r++, y += n.D) {
+    const int64_t at = b * qs[0] + h * qs[1] + r * qs[2];
+    if (Q == F32 && qs[3] == 1) std::memcpy(y, static_cast<const float*>(q) + at, size_t(n.D) * 4);
+    else
+      for (int64_t d = 0; d < n.D; d++) y[d] = load_as_f32<Q>(q, at + d * qs[3]);
+  }
+}
+
+// Query row r of pair `pair` from its ranges' results (parts[j], j in [j0, j1): each one's max m, sum l and
+// weighted values o, `per` floats a range), on one scale: into y (D), fp32. No key seen: zeros.
+void combine(const float* parts, int64_t per, int64_t j0, int64_t j1, int64_t R, int64_t D, int64_t r, float* y) {
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  float top = minus_inf, total = 0.0f;
+  for (int64_t j = j0; j < j1; j++) top = nan_max(top, parts[j * per + r]);
+  std::fill(y, y + D, 0.0f);
+  if (top == minus_inf) return;
+  for (int64_t j = j0; j < j1; j++) {
+    const float* part = parts + j * per;
+    const float w = part[r] == minus_inf ? 0.0f : std::exp(part[r] - top);
+    total += w * part[R + r];
+    if (w != 0.0f) axpy(w, part + 2 * R + r * D, y, D);
+  }
+  for (int64_t d = 0; d < D; d++) y[d] /= total;
 }
 
 }  // namespace
 
-// q (B, KV, R, D) with strides `qs` (any: Inductor lays a custom op's inputs out as it likes) as fp32,
-// contiguous.
-template <int Q> void gather_f32(const void* q, const int64_t* qs, const Shape& n, float* y) {
-  for (int64_t b = 0, i = 0; b < n.B; b++)
-    for (int64_t h = 0; h < n.KV; h++)
-      for (int64_t r = 0; r < n.R; r++)
-        for (int64_t d = 0; d < n.D; d++, i++) y[i] = load_as_f32<Q>(q, b * qs[0] + h * qs[1] + r * qs[2] + d * qs[3]);
-}
-
 // out (B, KV, R, D), contiguous in q's dtype = softmax(scale * q k^T, masked) v for q (B, KV, R, D)
 // (strides qs), k and v (B, KV, S, D), mask (B or 1, 1, T, S) bool: query row r of a head
-// is token r % T of its row.
+// is token r % T of its row. One team gathers q, runs the tasks and combines each query row's ranges into
+// `out`: gathering and combining had run on the calling thread alone, while the other waited (Gemma 3's
+// 8 rows, 4 query heads of 256: 8,192 values each way, a call's serial tail).
 int32_t decode_attention(const void* q, int32_t qkind, const int64_t* qs, const Strided& k, const Strided& v,
                          const Strided& mask, const Shape& n, float scale, void* out) {
   if (n.B < 0 || n.KV < 1 || n.R < 1 || n.T < 1 || n.R % n.T || n.S < 1 || n.D < 1) return BAD_SHAPE;
@@ -429,56 +455,69 @@ int32_t decode_attention(const void* q, int32_t qkind, const int64_t* qs, const 
   thread_local std::vector<int64_t> first;
   const bool even = plan(n, mask, tasks, first);
   const int64_t count_tasks = int64_t(tasks.size()), per = n.R * (n.D + 2);  // a task's m (R), l (R), o (R, D)
+  const int64_t pairs = n.B * n.KV, R = n.R, D = n.D;
   // the calling thread's buffers (a decode step calls this once a layer), reached through pointers: a
-  // thread_local named inside the parallel loop would be each worker's own, empty one
-  thread_local std::vector<float> q_buffer, parts_buffer, result_buffer;
-  q_buffer.resize(size_t(n.B * n.KV * n.R * n.D));
+  // thread_local named inside the parallel region would be each worker's own, empty one
+  thread_local std::vector<float> q_buffer, parts_buffer;
+  q_buffer.resize(size_t(pairs * R * D));
   parts_buffer.resize(size_t(count_tasks * per));
-  result_buffer.resize(q_buffer.size());
-  float *const qf = q_buffer.data(), *const parts = parts_buffer.data(), *const result = result_buffer.data();
+  float *const qf = q_buffer.data(), *const parts = parts_buffer.data();
   const Task* const todo = tasks.data();
-  const size_t count = q_buffer.size();
-  if (qkind == F32) gather_f32<F32>(q, qs, n, qf);
-  else if (qkind == BF16) gather_f32<BF16>(q, qs, n, qf);
-  else gather_f32<F16>(q, qs, n, qf);
+  const int64_t* const starts = first.data();
   const auto run = [&](int64_t t) {
     const Task& task = todo[t];
     const int64_t b = task.pair / n.KV, h = task.pair % n.KV;
     float* part = parts + t * per;
     if (task.s0 >= task.s1) {  // an empty range: nothing seen
-      std::fill(part, part + n.R, -std::numeric_limits<float>::infinity());
-      std::fill(part + n.R, part + per, 0.0f);
+      std::fill(part, part + R, -std::numeric_limits<float>::infinity());
+      std::fill(part + R, part + per, 0.0f);
       return;
     }
-    attend_range(qf + task.pair * n.R * n.D, k, v, mask, n, b, h, task.s0, task.s1, scale, part, part + n.R,
-                 part + 2 * n.R);
+    attend_range(qf + task.pair * R * D, k, v, mask, n, b, h, task.s0, task.s1, scale, part, part + R, part + 2 * R);
   };
-  if (even) {
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < count_tasks; t++) run(t);
-  } else {  // tasks of unequal lengths: each thread takes the next as it finishes one
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t t = 0; t < count_tasks; t++) run(t);
-  }
-  for (int64_t pair = 0; pair < n.B * n.KV; pair++)  // each row: its ranges' results on one scale
-    for (int64_t r = 0; r < n.R; r++) {
-      const int64_t j0 = first[size_t(pair)], j1 = first[size_t(pair + 1)];
-      float top = -std::numeric_limits<float>::infinity(), total = 0.0f;
-      for (int64_t j = j0; j < j1; j++) top = nan_max(top, parts[j * per + r]);
-      float* y = result + (pair * n.R + r) * n.D;
-      std::fill(y, y + n.D, 0.0f);
-      if (top == -std::numeric_limits<float>::infinity()) continue;  // no key seen: zeros
-      for (int64_t j = j0; j < j1; j++) {
-        const float* part = parts + j * per;
-        const float w = part[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(part[r] - top);
-        total += w * part[n.R + r];
-        if (w != 0.0f) axpy(w, part + 2 * n.R + r * n.D, y, n.D);
-      }
-      for (int64_t d = 0; d < n.D; d++) y[d] /= total;
+  const auto gather = [&](int64_t pair) {
+    if (qkind == F32) gather_pair<F32>(q, qs, n, pair, qf + pair * R * D);
+    else if (qkind == BF16) gather_pair<BF16>(q, qs, n, pair, qf + pair * R * D);
+    else gather_pair<F16>(q, qs, n, pair, qf + pair * R * D);
+  };
+  const auto finish = [&](int64_t i, float* row) {  // query row i: its ranges' results on one scale, into out
+    float* y = qkind == F32 ? static_cast<float*>(out) + i * D : row;
+    combine(parts, per, starts[i / R], starts[i / R + 1], R, D, i % R, y);
+    if (qkind == BF16)
+      for (int64_t d = 0; d < D; d++) store_from_f32<BF16>(out, i * D + d, y[d]);
+    else if (qkind == F16)
+      for (int64_t d = 0; d < D; d++) store_from_f32<F16>(out, i * D + d, y[d]);
+  };
+  // a pair or two (one row of a model's few KV heads): gathered and combined here, where sharing so little
+  // cost the team more than it saved (one row of Gemma 3 at 64 keys, cold: 23.1 against 21.7 us a call)
+  const bool shared = pairs >= 2 * omp_get_max_threads();
+  thread_local std::vector<float> row;  // each thread's, for a row in another dtype than fp32
+  if (!shared)
+    for (int64_t pair = 0; pair < pairs; pair++) gather(pair);
+#pragma omp parallel
+  {
+    if (shared) {
+#pragma omp for schedule(static)
+      for (int64_t pair = 0; pair < pairs; pair++) gather(pair);
     }
-  if (qkind == F32) std::memcpy(out, result, count * 4);
-  else if (qkind == BF16) from_f32<BF16>(result, int64_t(count), out);
-  else from_f32<F16>(result, int64_t(count), out);
+    if (even) {  // (each loop's end waits below, or is the team's end: one wait, not two)
+#pragma omp for schedule(static) nowait
+      for (int64_t t = 0; t < count_tasks; t++) run(t);
+    } else {  // tasks of unequal lengths: each thread takes the next as it finishes one
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t t = 0; t < count_tasks; t++) run(t);
+    }
+    if (shared) {
+#pragma omp barrier
+      row.resize(size_t(D));
+#pragma omp for schedule(static) nowait
+      for (int64_t i = 0; i < pairs * R; i++) finish(i, row.data());
+    }
+  }
+  if (!shared) {
+    row.resize(size_t(D));
+    for (int64_t i = 0; i < pairs * R; i++) finish(i, row.data());
+  }
   return OK;
 }
 
