@@ -290,8 +290,8 @@ void attend_range(const float* q, const Strided& k, const Strided& v, const Stri
   // A range whose values fit in L2 with room to spare fetches them during the keys' pass, a few rows a
   // group of keys, so that they arrive while the keys are multiplied: fetched as the values' own pass
   // began, they came in as it waited (AMD EPYC Zen 4, cold, 9 interleaved rounds: SmolLM2-135M's 1,536
-  // keys at one row 133 -> 119 us a call; Gemma 3's 8 rows at 64 keys 78 -> 72 us, at 1,536 1,216 ->
-  // 1,181; artifacts/bench/epyc-zen4/attention-team/). Longer ranges' values would leave L2 before their pass.
+  // keys at one row, two ranges of 768, 133 -> 119 us a call; Gemma 3's 8 rows at 64 keys 78 -> 72 us;
+  // artifacts/bench/epyc-zen4/attention-team/). Longer ranges' values would leave L2 before their pass.
   const bool early = len * D * (v.kind == F32 ? 4 : 2) <= EARLY_VALUES;
   fetch_rows(k, b, h, s0, std::min(KEYS_AHEAD, len), D);
   if (!early) fetch_rows(v, b, h, s0, std::min(TILE_KEYS, len), D);
@@ -422,6 +422,15 @@ template <int Q> void gather_pair(const void* q, const int64_t* qs, const Shape&
   }
 }
 
+// The calling thread's scratch row of D floats. A thread_local declared here, where every thread of a team
+// passes: one declared in decode_attention and named inside its parallel region would be constructed on
+// the calling thread only, the workers' left unconstructed.
+float* scratch_row(int64_t D) {
+  thread_local std::vector<float> row;
+  row.resize(size_t(D));
+  return row.data();
+}
+
 // Query row r of pair `pair` from its ranges' results (parts[j], j in [j0, j1): each one's max m, sum l and
 // weighted values o, `per` floats a range), on one scale: into y (D), fp32. No key seen: zeros.
 void combine(const float* parts, int64_t per, int64_t j0, int64_t j1, int64_t R, int64_t D, int64_t r, float* y) {
@@ -488,10 +497,10 @@ int32_t decode_attention(const void* q, int32_t qkind, const int64_t* qs, const 
     else if (qkind == F16)
       for (int64_t d = 0; d < D; d++) store_from_f32<F16>(out, i * D + d, y[d]);
   };
-  // a pair or two (one row of a model's few KV heads): gathered and combined here, where sharing so little
-  // cost the team more than it saved (one row of Gemma 3 at 64 keys, cold: 23.1 against 21.7 us a call)
+  // fewer pairs than twice the threads (one row of a model's few KV heads): gathered and combined here,
+  // where sharing so little cost the team more than it saved (one row of Gemma 3 at 64 keys, cold, 2
+  // threads: 23.1 against 21.7 us a call; not tuned at more threads)
   const bool shared = pairs >= 2 * omp_get_max_threads();
-  thread_local std::vector<float> row;  // each thread's, for a row in another dtype than fp32
   if (!shared)
     for (int64_t pair = 0; pair < pairs; pair++) gather(pair);
 #pragma omp parallel
@@ -509,14 +518,14 @@ int32_t decode_attention(const void* q, int32_t qkind, const int64_t* qs, const 
     }
     if (shared) {
 #pragma omp barrier
-      row.resize(size_t(D));
+      float* const row = scratch_row(D);  // this thread's, for a row in another dtype than fp32
 #pragma omp for schedule(static) nowait
-      for (int64_t i = 0; i < pairs * R; i++) finish(i, row.data());
+      for (int64_t i = 0; i < pairs * R; i++) finish(i, row);
     }
   }
   if (!shared) {
-    row.resize(size_t(D));
-    for (int64_t i = 0; i < pairs * R; i++) finish(i, row.data());
+    float* const row = scratch_row(D);
+    for (int64_t i = 0; i < pairs * R; i++) finish(i, row);
   }
   return OK;
 }
