@@ -113,11 +113,6 @@ def weight_shapes(exported) -> list[WeightShape]:
     return shapes
 
 
-def example(shape: WeightShape, rows: int, dtype: torch.dtype, device: str, batch: int = 1) -> tuple:
-    """Random operands for timing: x (batch, 1, K) and the tensors of a (rows, K) weight of shape's kind."""
-    return random_activations(shape, dtype, device, batch), *random_weight(shape, rows, dtype, device)
-
-
 def random_activations(shape: WeightShape, dtype: torch.dtype, device: str, batch: int = 1) -> torch.Tensor:
     """Random activations for `shape`'s weight: (batch, 1, K)."""
     return torch.randn(batch, 1, shape.cols, device=device).to(dtype)
@@ -150,7 +145,7 @@ def tensor_bytes(tensors) -> int:
 
 
 def _weight_bytes(args: tuple) -> int:
-    """The bytes of the weight an `example` call's operands hold (all but x and the plain arguments)."""
+    """The bytes of the weight timing operands hold (_timed_operands': all but x and the plain arguments)."""
     return tensor_bytes(t for t in args[1:] if isinstance(t, torch.Tensor))
 
 
@@ -172,7 +167,8 @@ TIMED_WEIGHTS = 32
 
 
 def _timed_rows(shape: WeightShape, dtype) -> int:
-    row_bytes = _weight_bytes(example(WeightShape(shape.op, 1, shape.cols, shape.group_size), 1, dtype, "cpu"))
+    row = random_weight(WeightShape(shape.op, 1, shape.cols, shape.group_size), 1, dtype, "cpu")
+    row_bytes = tensor_bytes(t for t in row if isinstance(t, torch.Tensor))
     copies = max(1, -(-_TIMED_BYTES // (row_bytes * shape.rows)))
     return shape.rows * copies
 
