@@ -197,27 +197,44 @@ inline void micro2(const float* x, int64_t ldx, const float* pairs, const void* 
 // products an instruction from the weight as stored, where the FMA path above converts each weight to
 // fp32 and does 8 (16 with micro2's pairs of rows). At 8 rows the FMA path was bound by its FMAs and
 // conversions (Gemma 3 270M's bf16 step over 8 rows cost 2.2x one row on the AMD EPYC Zen 4).
-// A micro-tile is NR weight rows by up to MR activation rows, as micro's; the K % 32 tail is loaded
-// masked (zeros add nothing). Each output is one lane-wise chain over K, then one fixed 16-lane sum, the
-// same instructions whatever M, the tile or the thread: a row's bits do not depend on the batch (they
-// differ from the FMA path's: another order, and the instruction flushes denormals).
+// A micro-tile is NR weight rows by up to MR activation rows, as micro's, the activations packed by
+// dpbf16_steps; the weights' K % 32 tail is loaded masked (zeros add nothing, as the packing's). Each
+// output is one lane-wise chain over K, then one fixed 16-lane sum, the same instructions whatever M, the
+// tile or the thread: a row's bits do not depend on the batch (they differ from the FMA path's: another
+// order, and the instruction flushes denormals).
 template <int R, int C>
-inline void micro_dpbf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K, Rows n,
-                        float out[OUT_ROWS][NR], int64_t phase, int64_t phases) {
+inline void dpbf16_step(__m512 (&acc)[R][C], const uint16_t* xk, const __m512bh (&wv)[C]) {
+  for (int r = 0; r < R; r++) {
+    __m512i xv = _mm512_loadu_si512(xk + r * 32);
+    asm("" : "+v"(xv));  // as in micro: one load for its C uses
+    for (int c = 0; c < C; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], __m512bh(xv), wv[c]);
+  }
+}
+
+// `xs`: R activation rows packed (dpbf16_steps). Whole steps load everything unmasked: with each row's own
+// masked load from x (a pointer a row, kept on the stack, and a mask), Gemma 3's calls ran 7-12 % slower at 8
+// rows, 5-10 % at one (weights in cache; AMD EPYC Zen 4, 2 threads; artifacts/bench/epyc-zen4/overlap/).
+template <int R, int C>
+inline void micro_dpbf16(const uint16_t* xs, const uint16_t* w, int64_t K, Rows n, float out[OUT_ROWS][NR],
+                         int64_t phase, int64_t phases) {
   Prefetch<BF16, C, (R >= L2_ROWS)> prefetch(w, n, K, phase, phases);
   __m512 acc[R][C];
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    const __mmask32 take = K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
+  const uint16_t* wc[C];
+  for (int c = 0; c < C; c++) wc[c] = w + n.at(c) * K;
+  const int64_t body = K / 32 * 32;
+  __m512bh wv[C];
+  for (int64_t k = 0; k < body; k += 32) {
     prefetch.at(k);
-    __m512bh wv[C];
-    for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_maskz_loadu_epi16(take, w + n.at(c) * K + k));
-    for (int r = 0; r < R; r++) {
-      __m512i xv = _mm512_maskz_loadu_epi16(take, x + r * ldx + k);
-      asm("" : "+v"(xv));  // as in micro: one load for its C uses
-      for (int c = 0; c < C; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], __m512bh(xv), wv[c]);
-    }
+    for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_loadu_si512(wc[c] + k));
+    dpbf16_step<R, C>(acc, xs + k * R, wv);
+  }
+  if (body < K) {
+    const __mmask32 take = __mmask32((1u << (K - body)) - 1);
+    prefetch.at(body);
+    for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_maskz_loadu_epi16(take, wc[c] + body));
+    dpbf16_step<R, C>(acc, xs + body * R, wv);
   }
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++)
@@ -521,25 +538,40 @@ const float* as_f32(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
 }
 
 #if defined(AOTPACK_DPBF16)
-// Each thread's micro-tiles (my_tiles), MR activation rows a pass: the first pass reads the weight rows
-// from memory, the passes together fetching the next micro-tile's, later ones from cache.
+// x (M, K), ldx apart, packed for micro_dpbf16 into `packed`: chunk by chunk of MR rows (each at m0 * steps *
+// 32), each 32-column step's rows side by side (R rows of 32 bf16; zeros past K), so that a pass reads its
+// rows from one pointer.
+void dpbf16_steps(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint16_t>& packed) {
+  const int64_t padded = (K + 31) / 32 * 32;
+  packed.assign(size_t(M * padded), 0);
+  for (int64_t m0 = 0; m0 < M; m0 += MR) {
+    const int64_t R = std::min<int64_t>(MR, M - m0);
+    uint16_t* chunk = packed.data() + m0 * padded;
+    for (int64_t k = 0; k < K; k += 32)
+      for (int64_t r = 0; r < R; r++)
+        std::memcpy(chunk + k * R + r * 32, x + (m0 + r) * ldx + k, size_t(std::min<int64_t>(32, K - k)) * 2);
+  }
+}
+
+// Each thread's micro-tiles (my_tiles), MR activation rows a pass from `packed` (dpbf16_steps): the first pass
+// reads the weight rows from memory, the passes together fetching the next micro-tile's, later ones from cache.
 template <int C>
-void dpbf16_tile(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* w, Rows n, int64_t N, void* y) {
+void dpbf16_tile(const uint16_t* packed, int64_t M, int64_t K, const uint16_t* w, Rows n, int64_t N, void* y) {
   float out[OUT_ROWS][NR];
-  const int64_t phases = (M + MR - 1) / MR;
+  const int64_t phases = (M + MR - 1) / MR, padded = (K + 31) / 32 * 32;
   for (int64_t m = 0; m < M; m += MR) {
     const int64_t rows = std::min<int64_t>(MR, M - m), phase = m / MR;
-    const uint16_t* xm = x + m * ldx;
+    const uint16_t* xs = packed + m * padded;
     static_assert(MR == 8, "the cases below cover 1 .. 8 rows");
     switch (rows) {
-      case 8: micro_dpbf16<8, C>(xm, ldx, w, K, n, out, phase, phases); break;
-      case 7: micro_dpbf16<7, C>(xm, ldx, w, K, n, out, phase, phases); break;
-      case 6: micro_dpbf16<6, C>(xm, ldx, w, K, n, out, phase, phases); break;
-      case 5: micro_dpbf16<5, C>(xm, ldx, w, K, n, out, phase, phases); break;
-      case 4: micro_dpbf16<4, C>(xm, ldx, w, K, n, out, phase, phases); break;
-      case 3: micro_dpbf16<3, C>(xm, ldx, w, K, n, out, phase, phases); break;
-      case 2: micro_dpbf16<2, C>(xm, ldx, w, K, n, out, phase, phases); break;
-      default: micro_dpbf16<1, C>(xm, ldx, w, K, n, out, phase, phases);
+      case 8: micro_dpbf16<8, C>(xs, w, K, n, out, phase, phases); break;
+      case 7: micro_dpbf16<7, C>(xs, w, K, n, out, phase, phases); break;
+      case 6: micro_dpbf16<6, C>(xs, w, K, n, out, phase, phases); break;
+      case 5: micro_dpbf16<5, C>(xs, w, K, n, out, phase, phases); break;
+      case 4: micro_dpbf16<4, C>(xs, w, K, n, out, phase, phases); break;
+      case 3: micro_dpbf16<3, C>(xs, w, K, n, out, phase, phases); break;
+      case 2: micro_dpbf16<2, C>(xs, w, K, n, out, phase, phases); break;
+      default: micro_dpbf16<1, C>(xs, w, K, n, out, phase, phases);
     }
     store<C>(out, int(rows), m, n, BF16, N, y);
   }
@@ -594,7 +626,12 @@ int32_t linear_dpbf16(const void* x, int32_t dtype, int64_t M, int64_t K, int64_
   const auto* x16 = static_cast<const uint16_t*>(x);
   const auto* w16 = static_cast<const uint16_t*>(w);
 #pragma omp parallel
-  my_tiles(M, N, [&](Rows rows, auto C) { dpbf16_tile<C()>(x16, ldx, M, K, w16, rows, N, y); });
+  {
+    // each thread packs every row for itself (a decode step's few rows: a few KB), none waiting for another
+    thread_local std::vector<uint16_t> packed;
+    dpbf16_steps(x16, ldx, M, K, packed);
+    my_tiles(M, N, [&](Rows rows, auto C) { dpbf16_tile<C()>(packed.data(), M, K, w16, rows, N, y); });
+  }
   return OK;
 #else
   return NO_TILES;
