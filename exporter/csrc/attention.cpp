@@ -234,9 +234,23 @@ inline void dots(const float* qr, const float* const* keys, int64_t n, int64_t D
   vec acc[KEYS];
   for (int64_t i = 0; i < KEYS; i++) acc[i] = vzero();
   int64_t d = 0;
-  for (; d + L <= D; d += L) {
-    const vec qv = vload(qr + d);
-    for (int64_t i = 0; i < n; i++) acc[i] = vfma(qv, vload(keys[i] + d), acc[i]);
+  if (n == KEYS) {  // a whole group, its count fixed: with n a variable GCC tested it at every key of every
+    // vector (three compares and branches a vector; Gemma 3's 8 rows of 1,536 keys in cache 705 -> 652 us a
+    // call, cold 1-5 % faster; AMD EPYC Zen 4, 2 threads; same bits)
+    static_assert(KEYS == 4, "four named keys");
+    const float *k0 = keys[0], *k1 = keys[1], *k2 = keys[2], *k3 = keys[3];
+    for (; d + L <= D; d += L) {
+      const vec qv = vload(qr + d);
+      acc[0] = vfma(qv, vload(k0 + d), acc[0]);
+      acc[1] = vfma(qv, vload(k1 + d), acc[1]);
+      acc[2] = vfma(qv, vload(k2 + d), acc[2]);
+      acc[3] = vfma(qv, vload(k3 + d), acc[3]);
+    }
+  } else {
+    for (; d + L <= D; d += L) {
+      const vec qv = vload(qr + d);
+      for (int64_t i = 0; i < n; i++) acc[i] = vfma(qv, vload(keys[i] + d), acc[i]);
+    }
   }
   float sums[KEYS];
   vsums(acc, sums);
