@@ -212,8 +212,8 @@ inline void dpbf16_step(__m512 (&acc)[R][C], const uint16_t* xk, const __m512bh 
 }
 
 // `xs`: R activation rows packed (dpbf16_steps). Whole steps load everything unmasked: with each row's own
-// masked load from x (a pointer a row, kept on the stack, and a mask), Gemma 3's calls ran 7-12 % slower at 8
-// rows, 5-10 % at one (weights in cache; AMD EPYC Zen 4, 2 threads; artifacts/bench/epyc-zen4/overlap/).
+// masked load from x (a pointer a row, kept on the stack, and a mask), Gemma 3's calls took 8-14 % more time at
+// 8 rows, 4-17 % at one (weights in cache; AMD EPYC Zen 4, 2 threads; artifacts/bench/epyc-zen4/overlap/).
 template <int R, int C>
 inline void micro_dpbf16(const uint16_t* xs, const uint16_t* w, int64_t K, Rows n, float out[OUT_ROWS][NR],
                          int64_t phase, int64_t phases) {
@@ -538,8 +538,8 @@ const float* as_f32(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
 }
 
 #if defined(AOTPACK_DPBF16)
-// x (M, K), ldx apart, packed for micro_dpbf16 into `packed`: chunk by chunk of MR rows (each at m0 * steps *
-// 32), each 32-column step's rows side by side (R rows of 32 bf16; zeros past K), so that a pass reads its
+// x (M, K), ldx apart, packed for micro_dpbf16 into `packed`: chunk by chunk of MR rows (each at m0 * padded,
+// padded: K rounded up to 32), each 32-column step's rows side by side (R rows of 32 bf16; zeros past K), so that a pass reads its
 // rows from one pointer.
 void dpbf16_steps(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint16_t>& packed) {
   const int64_t padded = (K + 31) / 32 * 32;
