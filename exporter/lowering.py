@@ -144,9 +144,14 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _buffer_bytes(operands) -> int:
+    """The bytes of the tensors among a kernel's operands (not its plain arguments: a group size, a flag)."""
+    return tensor_bytes(t for t in operands if isinstance(t, torch.Tensor))
+
+
 def _weight_bytes(args: tuple) -> int:
     """The bytes of the weight timing operands hold (_timed_operands': all but x and the plain arguments)."""
-    return tensor_bytes(t for t in args[1:] if isinstance(t, torch.Tensor))
+    return _buffer_bytes(args[1:])
 
 
 def gb_per_s(size: int, seconds: float) -> float:
@@ -168,7 +173,7 @@ TIMED_WEIGHTS = 32
 
 def _timed_rows(shape: WeightShape, dtype) -> int:
     row = random_weight(WeightShape(shape.op, 1, shape.cols, shape.group_size), 1, dtype, "cpu")
-    row_bytes = tensor_bytes(t for t in row if isinstance(t, torch.Tensor))
+    row_bytes = _buffer_bytes(row)
     copies = max(1, -(-_TIMED_BYTES // (row_bytes * shape.rows)))
     return shape.rows * copies
 
