@@ -538,11 +538,14 @@ const float* as_f32(const void* x, int32_t dtype, int64_t M, int64_t K, int64_t 
 }
 
 #if defined(AOTPACK_DPBF16)
-// x (M, K), ldx apart, packed for micro_dpbf16 into `packed`: chunk by chunk of MR rows (each at m0 * padded,
-// padded: K rounded up to 32), each 32-column step's rows side by side (R rows of 32 bf16; zeros past K), so that a pass reads its
-// rows from one pointer.
+// A packed activation row's length (dpbf16_steps): K rounded up to whole steps of 32 columns.
+inline int64_t dpbf16_padded(int64_t K) { return (K + 31) / 32 * 32; }
+
+// x (M, K), ldx apart, packed for micro_dpbf16 into `packed`: chunk by chunk of MR rows (each at m0 *
+// dpbf16_padded(K)), each 32-column step's rows side by side (R rows of 32 bf16; zeros past K), so that a
+// pass reads its rows from one pointer.
 void dpbf16_steps(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint16_t>& packed) {
-  const int64_t padded = (K + 31) / 32 * 32;
+  const int64_t padded = dpbf16_padded(K);
   packed.assign(size_t(M * padded), 0);
   for (int64_t m0 = 0; m0 < M; m0 += MR) {
     const int64_t R = std::min<int64_t>(MR, M - m0);
@@ -558,7 +561,7 @@ void dpbf16_steps(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, std::vec
 template <int C>
 void dpbf16_tile(const uint16_t* packed, int64_t M, int64_t K, const uint16_t* w, Rows n, int64_t N, void* y) {
   float out[OUT_ROWS][NR];
-  const int64_t phases = (M + MR - 1) / MR, padded = (K + 31) / 32 * 32;
+  const int64_t phases = (M + MR - 1) / MR, padded = dpbf16_padded(K);
   for (int64_t m = 0; m < M; m += MR) {
     const int64_t rows = std::min<int64_t>(MR, M - m), phase = m / MR;
     const uint16_t* xs = packed + m * padded;
