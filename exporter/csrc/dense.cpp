@@ -111,9 +111,11 @@ template <int W, int C, bool L2 = false> struct Prefetch {
   const char* base;
   Rows ahead;
   int64_t K, phases, fetch;  // fetch: the next column whose line this pass fetches
-  Prefetch(const void* w, Rows n, int64_t K, int64_t phase, int64_t phases)
+  Prefetch(const void* w, Rows n, int64_t K, int64_t phase, int64_t phases, int tiles_ahead = 1)
       : base(static_cast<const char*>(w)), ahead(n.next(C)), K(K), phases(phases),
-        fetch(phases ? phase * LINE : INT64_MAX) {}
+        fetch(phases ? phase * LINE : INT64_MAX) {
+    for (int t = 1; t < tiles_ahead; t++) ahead = ahead.next(C);
+  }
   void at(int64_t k) {
     if (k != fetch) return;
     for (int c = 0; c < C; c++)  // never faults
@@ -211,13 +213,21 @@ inline void dpbf16_step(__m512 (&acc)[R][C], const uint16_t* xk, const __m512bh 
   }
 }
 
+// Passes of L2_ROWS rows or more fetch the micro-tile two ahead, not the next: a pass of 8 rows spends ~24
+// cycles a 32-column step, so at K = 640 one tile ahead is ~130 ns, about the memory's latency under load.
+// Gemma 3 270M's bf16 linears as a step calls them at 8 rows, weights streamed (lm_head / 18 layers, ms):
+// 12.86 / 8.78 -> 11.72 / 8.55 and 13.01 / 8.93 -> 11.64 / 8.93 (three ahead: 11.92 / 8.37, 12.10 / 8.82);
+// the real 8-row graph 21.65 -> 19.86 and 22.50 -> 19.65 ms (AMD EPYC Zen 4, 2 threads, slow memory phase,
+// interleaved; artifacts/bench/epyc-zen4/ahead/).
+constexpr int DPBF16_AHEAD = 2;
+
 // `xs`: R activation rows packed (dpbf16_steps). Whole steps load everything unmasked: with each row's own
 // masked load from x (a pointer a row, kept on the stack, and a mask), Gemma 3's calls took 8-14 % more time at
 // 8 rows, 4-17 % at one (weights in cache; AMD EPYC Zen 4, 2 threads; artifacts/bench/epyc-zen4/overlap/).
 template <int R, int C>
 inline void micro_dpbf16(const uint16_t* xs, const uint16_t* w, int64_t K, Rows n, float out[OUT_ROWS][NR],
                          int64_t phase, int64_t phases) {
-  Prefetch<BF16, C, (R >= L2_ROWS)> prefetch(w, n, K, phase, phases);
+  Prefetch<BF16, C, (R >= L2_ROWS)> prefetch(w, n, K, phase, phases, R >= L2_ROWS ? DPBF16_AHEAD : 1);
   __m512 acc[R][C];
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
