@@ -33,6 +33,7 @@
 
 #include <climits>
 #include <type_traits>
+#include <utility>
 
 namespace aotpack {
 namespace {
@@ -213,6 +214,68 @@ inline void dpbf16_step(__m512 (&acc)[R][C], const uint16_t* xk, const __m512bh 
   }
 }
 
+// Sixteen of a pass's sums at once, each in hsum's order: the 256-bit halves, then lanes i and i + 4, then
+// (0 + 2, 1 + 3), then the two. Each add pairs what hsum's pairs, so the bits are hsum's; a level a
+// function, four vectors' worth an instruction. Lane 4b + j of the result holds v[4j + b]'s sum.
+inline __m512 halves(__m512 a, __m512 b) {  // a's 256-bit halves' sum, then b's
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+inline __m512 quarters(__m512 a, __m512 b) {  // a 128-bit block a vector: lanes i + (i + 4)
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+inline __m512 pairs(__m512 a, __m512 b) {  // each block's (0 + 2, 1 + 3), a's then b's
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+}
+inline __m512 sums16(__m512 v0, __m512 v1, __m512 v2, __m512 v3, __m512 v4, __m512 v5, __m512 v6, __m512 v7,
+                     __m512 v8, __m512 v9, __m512 v10, __m512 v11, __m512 v12, __m512 v13, __m512 v14, __m512 v15) {
+  const __m512 a = pairs(quarters(halves(v0, v1), halves(v2, v3)), quarters(halves(v4, v5), halves(v6, v7)));
+  const __m512 b = pairs(quarters(halves(v8, v9), halves(v10, v11)), quarters(halves(v12, v13), halves(v14, v15)));
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));  // lanes 0 + 1
+}
+
+// f32_to_bf16 on 16 lanes: round to nearest even, a NaN stays NaN.
+inline __m256i bf16_lanes(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+
+// A pass's accumulator I (row-major, R x C), or zeros past the last.
+template <int I, int R, int C> inline __m512 pick(const __m512 (&acc)[R][C]) {
+  if constexpr (I < R * C) return acc[I / C][I % C];
+  else return _mm512_setzero_ps();
+}
+
+// A pass's sums 16G .. 16G + 15 (those it has), rounded into y: rows m .., columns n.
+template <int G, int R, int C, size_t... J>
+inline void store16(const __m512 (&acc)[R][C], uint16_t* y, int64_t m, Rows n, int64_t N, std::index_sequence<J...>) {
+  alignas(32) uint16_t lanes[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), bf16_lanes(sums16(pick<16 * G + int(J)>(acc)...)));
+  constexpr int S = R * C;
+  ((16 * G + int(J) < S ? void(y[(m + (16 * G + J) / C) * N + n.at((16 * G + J) % C)] = lanes[4 * (J % 4) + J / 4])
+                        : void()),
+   ...);
+}
+
+// A pass's R x C sums, rounded into y (bf16): sixteen at a time (store16, the last group padded with zeros
+// where 8 or more are left), the rest by hsum, one at a time.
+template <int R, int C> inline void dpbf16_store(const __m512 (&acc)[R][C], uint16_t* y, int64_t m, Rows n, int64_t N) {
+  constexpr int S = R * C, GROUPS = (S + 8) / 16;
+  static_assert(GROUPS <= 2, "MR x NR is 24 sums at most");
+  if constexpr (GROUPS > 0) store16<0>(acc, y, m, n, N, std::make_index_sequence<16>());
+  if constexpr (GROUPS > 1) store16<1>(acc, y, m, n, N, std::make_index_sequence<16>());
+#pragma GCC unroll 8
+  for (int i = 16 * GROUPS; i < S; i++) {
+    const __m512 a = acc[i / C][i % C];
+    y[(m + i / C) * N + n.at(i % C)] =
+        f32_to_bf16(hsum(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1))));
+  }
+}
+
 // Passes of L2_ROWS rows or more fetch the micro-tile two ahead, not the next: a pass of 8 rows spends ~24
 // cycles a 32-column step, so at K = 640 one tile ahead is ~130 ns, about the memory's latency under load.
 // Gemma 3 270M's bf16 linears as a step calls them at 8 rows, weights streamed (lm_head / 18 layers, ms):
@@ -224,17 +287,31 @@ constexpr int DPBF16_AHEAD = 2;
 // `xs`: R activation rows packed (dpbf16_steps). Whole steps load everything unmasked: with each row's own
 // masked load from x (a pointer a row, kept on the stack, and a mask), Gemma 3's calls took 8-14 % more time at
 // 8 rows, 4-17 % at one (weights in cache; AMD EPYC Zen 4, 2 threads; artifacts/bench/epyc-zen4/overlap/).
+// Passes of L2_ROWS rows or more sum 16 outputs at once and round them in vectors (dpbf16_store): the 24
+// hsum calls and scalar roundings of an 8-row tile had taken ~29 % of its time (perf, weights in cache).
+// Their steps load the weights masked, every one (the mask whole but for K's last 32 columns): with a
+// separate tail step GCC kept the 24 accumulators in memory across the sums. One or two rows keep hsum,
+// whose few sums cost little, and unmasked steps (masked, one row's calls took 25 % more time).
 template <int R, int C>
-inline void micro_dpbf16(const uint16_t* xs, const uint16_t* w, int64_t K, Rows n, float out[OUT_ROWS][NR],
-                         int64_t phase, int64_t phases) {
+inline void micro_dpbf16(const uint16_t* xs, const uint16_t* w, int64_t K, Rows n, uint16_t* y, int64_t m,
+                         int64_t N, int64_t phase, int64_t phases) {
   Prefetch<BF16, C, (R >= L2_ROWS)> prefetch(w, n, K, phase, phases, R >= L2_ROWS ? DPBF16_AHEAD : 1);
   __m512 acc[R][C];
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
   const uint16_t* wc[C];
   for (int c = 0; c < C; c++) wc[c] = w + n.at(c) * K;
-  const int64_t body = K / 32 * 32;
   __m512bh wv[C];
+  if constexpr (R >= L2_ROWS) {
+    for (int64_t k = 0; k < K; k += 32) {
+      prefetch.at(k);
+      const __mmask32 take = K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
+      for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_maskz_loadu_epi16(take, wc[c] + k));
+      dpbf16_step<R, C>(acc, xs + k * R, wv);
+    }
+    return dpbf16_store<R, C>(acc, y, m, n, N);
+  }
+  const int64_t body = K / 32 * 32;
   for (int64_t k = 0; k < body; k += 32) {
     prefetch.at(k);
     for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_loadu_si512(wc[c] + k));
@@ -248,7 +325,8 @@ inline void micro_dpbf16(const uint16_t* xs, const uint16_t* w, int64_t K, Rows 
   }
   for (int r = 0; r < R; r++)
     for (int c = 0; c < C; c++)
-      out[r][c] = hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[r][c]), _mm512_extractf32x8_ps(acc[r][c], 1)));
+      y[(m + r) * N + n.at(c)] =
+          f32_to_bf16(hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[r][c]), _mm512_extractf32x8_ps(acc[r][c], 1))));
 }
 #endif
 #else
@@ -567,26 +645,24 @@ void dpbf16_steps(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, std::vec
 }
 
 // Each thread's micro-tiles (my_tiles), MR activation rows a pass from `packed` (dpbf16_steps): the first pass
-// reads the weight rows from memory, the passes together fetching the next micro-tile's, later ones from cache.
+// reads the weight rows from memory, the passes together fetching a micro-tile ahead, later ones from cache.
 template <int C>
-void dpbf16_tile(const uint16_t* packed, int64_t M, int64_t K, const uint16_t* w, Rows n, int64_t N, void* y) {
-  float out[OUT_ROWS][NR];
+void dpbf16_tile(const uint16_t* packed, int64_t M, int64_t K, const uint16_t* w, Rows n, int64_t N, uint16_t* y) {
   const int64_t phases = (M + MR - 1) / MR, padded = dpbf16_padded(K);
   for (int64_t m = 0; m < M; m += MR) {
     const int64_t rows = std::min<int64_t>(MR, M - m), phase = m / MR;
     const uint16_t* xs = packed + m * padded;
     static_assert(MR == 8, "the cases below cover 1 .. 8 rows");
     switch (rows) {
-      case 8: micro_dpbf16<8, C>(xs, w, K, n, out, phase, phases); break;
-      case 7: micro_dpbf16<7, C>(xs, w, K, n, out, phase, phases); break;
-      case 6: micro_dpbf16<6, C>(xs, w, K, n, out, phase, phases); break;
-      case 5: micro_dpbf16<5, C>(xs, w, K, n, out, phase, phases); break;
-      case 4: micro_dpbf16<4, C>(xs, w, K, n, out, phase, phases); break;
-      case 3: micro_dpbf16<3, C>(xs, w, K, n, out, phase, phases); break;
-      case 2: micro_dpbf16<2, C>(xs, w, K, n, out, phase, phases); break;
-      default: micro_dpbf16<1, C>(xs, w, K, n, out, phase, phases);
+      case 8: micro_dpbf16<8, C>(xs, w, K, n, y, m, N, phase, phases); break;
+      case 7: micro_dpbf16<7, C>(xs, w, K, n, y, m, N, phase, phases); break;
+      case 6: micro_dpbf16<6, C>(xs, w, K, n, y, m, N, phase, phases); break;
+      case 5: micro_dpbf16<5, C>(xs, w, K, n, y, m, N, phase, phases); break;
+      case 4: micro_dpbf16<4, C>(xs, w, K, n, y, m, N, phase, phases); break;
+      case 3: micro_dpbf16<3, C>(xs, w, K, n, y, m, N, phase, phases); break;
+      case 2: micro_dpbf16<2, C>(xs, w, K, n, y, m, N, phase, phases); break;
+      default: micro_dpbf16<1, C>(xs, w, K, n, y, m, N, phase, phases);
     }
-    store<C>(out, int(rows), m, n, BF16, N, y);
   }
 }
 #endif
@@ -638,12 +714,13 @@ int32_t linear_dpbf16(const void* x, int32_t dtype, int64_t M, int64_t K, int64_
   if (M == 0 || N == 0) return OK;
   const auto* x16 = static_cast<const uint16_t*>(x);
   const auto* w16 = static_cast<const uint16_t*>(w);
+  auto* y16 = static_cast<uint16_t*>(y);
 #pragma omp parallel
   {
     // each thread packs every row for itself (a decode step's few rows: a few KB), none waiting for another
     thread_local std::vector<uint16_t> packed;
     dpbf16_steps(x16, ldx, M, K, packed);
-    my_tiles(M, N, [&](Rows rows, auto C) { dpbf16_tile<C()>(packed.data(), M, K, w16, rows, N, y); });
+    my_tiles(M, N, [&](Rows rows, auto C) { dpbf16_tile<C()>(packed.data(), M, K, w16, rows, N, y16); });
   }
   return OK;
 #else
