@@ -289,7 +289,7 @@ constexpr int DPBF16_AHEAD = 2;
 // 8 rows, 4-17 % at one (weights in cache; AMD EPYC Zen 4, 2 threads; artifacts/bench/epyc-zen4/overlap/).
 // Passes of L2_ROWS rows or more sum 16 outputs at once and round them in vectors (dpbf16_store): the 24
 // hsum calls and scalar roundings of an 8-row tile had taken ~29 % of its time (perf, weights in cache).
-// Their steps load the weights masked, every one (the mask whole but for K's last 32 columns): with a
+// Their steps load the weights masked, every one (the mask whole but in a last, partial step): with a
 // separate tail step GCC kept the 24 accumulators in memory across the sums. One or two rows keep hsum,
 // whose few sums cost little, and unmasked steps (masked, one row's calls took 25 % more time).
 template <int R, int C>
