@@ -244,6 +244,11 @@ inline __m256i bf16_lanes(__m512 v) {
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet));
 }
 
+// One accumulator's sum (hsum over its halves' sum), rounded to bf16.
+inline uint16_t bf16_sum(__m512 a) {
+  return f32_to_bf16(hsum(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1))));
+}
+
 // A pass's accumulator I (row-major, R x C), or zeros past the last.
 template <int I, int R, int C> inline __m512 pick(const __m512 (&acc)[R][C]) {
   if constexpr (I < R * C) return acc[I / C][I % C];
@@ -269,11 +274,7 @@ template <int R, int C> inline void dpbf16_store(const __m512 (&acc)[R][C], uint
   if constexpr (GROUPS > 0) store16<0>(acc, y, m, n, N, std::make_index_sequence<16>());
   if constexpr (GROUPS > 1) store16<1>(acc, y, m, n, N, std::make_index_sequence<16>());
 #pragma GCC unroll 8
-  for (int i = 16 * GROUPS; i < S; i++) {
-    const __m512 a = acc[i / C][i % C];
-    y[(m + i / C) * N + n.at(i % C)] =
-        f32_to_bf16(hsum(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1))));
-  }
+  for (int i = 16 * GROUPS; i < S; i++) y[(m + i / C) * N + n.at(i % C)] = bf16_sum(acc[i / C][i % C]);
 }
 
 // Passes of L2_ROWS rows or more fetch the micro-tile two ahead, not the next: a pass of 8 rows spends ~24
@@ -324,9 +325,7 @@ inline void micro_dpbf16(const uint16_t* xs, const uint16_t* w, int64_t K, Rows 
     dpbf16_step<R, C>(acc, xs + body * R, wv);
   }
   for (int r = 0; r < R; r++)
-    for (int c = 0; c < C; c++)
-      y[(m + r) * N + n.at(c)] =
-          f32_to_bf16(hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[r][c]), _mm512_extractf32x8_ps(acc[r][c], 1))));
+    for (int c = 0; c < C; c++) y[(m + r) * N + n.at(c)] = bf16_sum(acc[r][c]);
 }
 #endif
 #else
