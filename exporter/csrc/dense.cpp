@@ -95,9 +95,10 @@ template <int W> inline __m256 load8(const void* w, int64_t i) {
   else return _mm256_cvtph_ps(h);
 }
 
-// A pass's share of fetching the next micro-tile's C rows (same columns) while it computes this one's:
-// `phase` of `phases` (>= 1; 0 phases: no prefetching), every phases-th cache line from line `phase`, so
-// the passes over a tile spread the next one's fetches evenly. at(k) as the pass reaches column k.
+// A pass's share of fetching the next micro-tile's C rows (same columns; the tiles_ahead-th one's where
+// that is more than 1) while it computes this one's: `phase` of `phases` (>= 1; 0 phases: no prefetching),
+// every phases-th cache line from line `phase`, so the passes over a tile spread the next one's fetches
+// evenly. at(k) as the pass reaches column k.
 // `L2`: fetch into L2 only (_MM_HINT_T1), for passes of L2_ROWS activation rows or more. Fetched into L1,
 // the next tile's lines crowded out the pass's own while a pass of several rows worked through them:
 // Gemma 3 270M's fp32 linears (lm_head and 18 layers) at 8 rows took 42.4-44.2 ms fetching into L1 and
@@ -202,9 +203,9 @@ inline void micro2(const float* x, int64_t ldx, const float* pairs, const void* 
 // conversions (Gemma 3 270M's bf16 step over 8 rows cost 2.2x one row on the AMD EPYC Zen 4).
 // A micro-tile is NR weight rows by up to MR activation rows, as micro's, the activations packed by
 // dpbf16_steps; the weights' K % 32 tail is loaded masked (zeros add nothing, as the packing's). Each
-// output is one lane-wise chain over K, then one fixed 16-lane sum, the same instructions whatever M, the
-// tile or the thread: a row's bits do not depend on the batch (they differ from the FMA path's: another
-// order, and the instruction flushes denormals).
+// output is one lane-wise chain over K, then one fixed 16-lane sum, the same adds in the same order whatever
+// M, the tile or the thread (hsum's, or sums16's, which adds hsum's pairs): a row's bits do not depend on the
+// batch (they differ from the FMA path's: another order, and the instruction flushes denormals).
 template <int R, int C>
 inline void dpbf16_step(__m512 (&acc)[R][C], const uint16_t* xk, const __m512bh (&wv)[C]) {
   for (int r = 0; r < R; r++) {
@@ -215,8 +216,9 @@ inline void dpbf16_step(__m512 (&acc)[R][C], const uint16_t* xk, const __m512bh 
 }
 
 // Sixteen of a pass's sums at once, each in hsum's order: the 256-bit halves, then lanes i and i + 4, then
-// (0 + 2, 1 + 3), then the two. Each add pairs what hsum's pairs, so the bits are hsum's; a level a
-// function, four vectors' worth an instruction. Lane 4b + j of the result holds v[4j + b]'s sum.
+// (0 + 2, 1 + 3), then the two. Each add pairs what hsum's pairs, in hsum's operand order, so the bits are
+// hsum's; one function a level, each instruction working on 4 (then 8, 16) sums at once. Lane 4b + j of the
+// result holds v[4j + b]'s sum.
 inline __m512 halves(__m512 a, __m512 b) {  // a's 256-bit halves' sum, then b's
   return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
 }
@@ -288,11 +290,12 @@ constexpr int DPBF16_AHEAD = 2;
 // `xs`: R activation rows packed (dpbf16_steps). Whole steps load everything unmasked: with each row's own
 // masked load from x (a pointer a row, kept on the stack, and a mask), Gemma 3's calls took 8-14 % more time at
 // 8 rows, 4-17 % at one (weights in cache; AMD EPYC Zen 4, 2 threads; artifacts/bench/epyc-zen4/overlap/).
-// Passes of L2_ROWS rows or more sum 16 outputs at once and round them in vectors (dpbf16_store): the 24
-// hsum calls and scalar roundings of an 8-row tile had taken ~29 % of its time (perf, weights in cache).
-// Their steps load the weights masked, every one (the mask whole but in a last, partial step): with a
-// separate tail step GCC kept the 24 accumulators in memory across the sums. One or two rows keep hsum,
-// whose few sums cost little, and unmasked steps (masked, one row's calls took 25 % more time).
+// Passes of L2_ROWS rows or more sum 16 outputs at once (where a pass has 8 or more; fewer go by hsum) and
+// round them in vectors (dpbf16_store): the 24 hsum calls and scalar roundings of an 8-row tile had taken
+// ~29 % of its time (perf, weights in cache). Their steps load the weights masked, every one (the mask whole
+// but in a last, partial step): with a separate tail step GCC kept the 24 accumulators in memory across the
+// sums. One or two rows keep hsum, whose few sums cost little, and unmasked steps (masked, one row's calls
+// took 25 % more time).
 template <int R, int C>
 inline void micro_dpbf16(const uint16_t* xs, const uint16_t* w, int64_t K, Rows n, uint16_t* y, int64_t m,
                          int64_t N, int64_t phase, int64_t phases) {
@@ -644,7 +647,8 @@ void dpbf16_steps(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, std::vec
 }
 
 // Each thread's micro-tiles (my_tiles), MR activation rows a pass from `packed` (dpbf16_steps): the first pass
-// reads the weight rows from memory, the passes together fetching a micro-tile ahead, later ones from cache.
+// reads the weight rows from memory, the passes together fetching a micro-tile ahead (the next, or
+// DPBF16_AHEAD-th), later ones from cache.
 template <int C>
 void dpbf16_tile(const uint16_t* packed, int64_t M, int64_t K, const uint16_t* w, Rows n, int64_t N, uint16_t* y) {
   const int64_t phases = (M + MR - 1) / MR, padded = dpbf16_padded(K);
