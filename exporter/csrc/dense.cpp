@@ -313,22 +313,21 @@ inline void micro_dpbf16(const uint16_t* xs, const uint16_t* w, int64_t K, Rows 
       for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_maskz_loadu_epi16(take, wc[c] + k));
       dpbf16_step<R, C>(acc, xs + k * R, wv);
     }
-    return dpbf16_store<R, C>(acc, y, m, n, N);
+  } else {
+    const int64_t body = K / 32 * 32;
+    for (int64_t k = 0; k < body; k += 32) {
+      prefetch.at(k);
+      for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_loadu_si512(wc[c] + k));
+      dpbf16_step<R, C>(acc, xs + k * R, wv);
+    }
+    if (body < K) {
+      const __mmask32 take = __mmask32((1u << (K - body)) - 1);
+      prefetch.at(body);
+      for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_maskz_loadu_epi16(take, wc[c] + body));
+      dpbf16_step<R, C>(acc, xs + body * R, wv);
+    }
   }
-  const int64_t body = K / 32 * 32;
-  for (int64_t k = 0; k < body; k += 32) {
-    prefetch.at(k);
-    for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_loadu_si512(wc[c] + k));
-    dpbf16_step<R, C>(acc, xs + k * R, wv);
-  }
-  if (body < K) {
-    const __mmask32 take = __mmask32((1u << (K - body)) - 1);
-    prefetch.at(body);
-    for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_maskz_loadu_epi16(take, wc[c] + body));
-    dpbf16_step<R, C>(acc, xs + body * R, wv);
-  }
-  for (int r = 0; r < R; r++)
-    for (int c = 0; c < C; c++) y[(m + r) * N + n.at(c)] = bf16_sum(acc[r][c]);
+  dpbf16_store<R, C>(acc, y, m, n, N);  // one or two rows: fewer than 8 sums, each by hsum
 }
 #endif
 #else
