@@ -632,16 +632,20 @@ inline int64_t dpbf16_padded(int64_t K) { return (K + 31) / 32 * 32; }
 
 // x (M, K), ldx apart, packed for micro_dpbf16 into `packed`: chunk by chunk of MR rows (each at m0 *
 // dpbf16_padded(K)), each 32-column step's rows side by side (R rows of 32 bf16; zeros past K), so that a
-// pass reads its rows from one pointer.
+// pass reads its rows from one pointer. One masked load and store a row a step, which writes every element
+// (the tail's zeros too): a memcpy a row a step (GCC's `rep movs` for its variable size) and a zero fill of the
+// whole buffer took ~2 % of an 8-row step's samples (perf, Gemma 3 270M, AMD EPYC Zen 4; ~1 % after).
 void dpbf16_steps(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, std::vector<uint16_t>& packed) {
   const int64_t padded = dpbf16_padded(K);
-  packed.assign(size_t(M * padded), 0);
+  packed.resize(size_t(M * padded));
   for (int64_t m0 = 0; m0 < M; m0 += MR) {
     const int64_t R = std::min<int64_t>(MR, M - m0);
     uint16_t* chunk = packed.data() + m0 * padded;
-    for (int64_t k = 0; k < K; k += 32)
+    for (int64_t k = 0; k < K; k += 32) {
+      const __mmask32 take = K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
       for (int64_t r = 0; r < R; r++)
-        std::memcpy(chunk + k * R + r * 32, x + (m0 + r) * ldx + k, size_t(std::min<int64_t>(32, K - k)) * 2);
+        _mm512_storeu_si512(chunk + k * R + r * 32, _mm512_maskz_loadu_epi16(take, x + (m0 + r) * ldx + k));
+    }
   }
 }
 
