@@ -209,10 +209,21 @@ def fixed(shapes: list[WeightShape], dtype: torch.dtype, family: str) -> tuple[L
     return tuple(Lowering(s.op, s.rows, s.cols, dtype_name, chosen[s], {}, {}, None) for s in shapes)
 
 
-# When the timing cannot be trusted, the candidate that won on every idle machine measured: the fused
-# reduction for float weights (3x ATen on the AVX2 EPYC, level at batch 1 and 1.6-2x ahead at 4-8 rows on
-# the AVX-512 Xeon), and for a quantized scheme its first candidate.
-KNOWN_GOOD = {LINEAR: "reduce"}
+# When the timing cannot be trusted, the first of these a shape's candidates hold (known_good): for float
+# weights aotpack's own GEMMs where the export has them, `dpbf16` for bf16 weights where it runs, else `dense`;
+# the fused reduction without them (3x ATen on the AVX2 EPYC, level at batch 1 and 1.6-2x ahead at 4-8 rows
+# on the AVX-512 Xeon). Against the fastest candidate's rate, three bf16 exports of Gemma 3 270M on the AMD
+# EPYC Zen 4 (6 shapes, graphs of 1, 2, 4 and 8 rows): `dpbf16` 0.79-1.00 (1.00 at 4 and 8 rows), `dense`
+# 0.53-1.00, the fused reduction 0.23-1.00 (0.23-0.40 at 8 rows; 0.72-1.00 at one). A quantized scheme keeps
+# its first candidate.
+KNOWN_GOOD = {LINEAR: (DPBF16, DENSE, "reduce")}
+
+
+def known_good(op: str, candidates) -> str:
+    """The candidate of `op` a timing judged noise keeps: KNOWN_GOOD's first among `candidates` (names), else
+    the first of them."""
+    return next((name for name in KNOWN_GOOD.get(op, ()) if name in candidates), next(iter(candidates)))
+
 
 # Activation rows beyond which no fused reduction is a candidate: one reduction per row per layer, and
 # SmolLM2's batch-8 verify graph (40 rows) spent over 15 minutes and 9 GB in Inductor's scheduler before
@@ -261,7 +272,7 @@ def _tuned(shape: WeightShape, dtype, device: str, inductor_options: dict, batch
         timed = interleaved_seconds(fns, *args, threads=torch.get_num_threads())
     rates = {name: gb_per_s(_weight_bytes(args), seconds) for name, seconds in timed.best.items()}
     noisy = noise_of(timed, cpu=device == "cpu") if len(rates) > 1 else None
-    known = KNOWN_GOOD.get(shape.op) if KNOWN_GOOD.get(shape.op) in rates else next(iter(rates))
+    known = known_good(shape.op, rates)
     chosen = kept(timed, noisy, known, cpu=device == "cpu")
     spread = {name: round(value, 3) for name, value in timed.spread.items()}
     figures = ", ".join(f"{k} {v} GB/s (spread {spread[k]:.0%})" for k, v in rates.items())

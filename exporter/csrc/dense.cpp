@@ -330,7 +330,7 @@ template <int R, int C>
   dpbf16_store<R, C>(acc, y, m, n, N);  // one or two rows: fewer than 8 sums, each by hsum
 }
 
-// micro_dpbf16 as a call of its own: dpbf16_tile's passes of other row counts than MR (see linear_dpbf16).
+// micro_dpbf16 as a call of its own: dpbf16_tile's passes, in calls of other than MR rows (see linear_dpbf16).
 template <int R, int C>
 [[gnu::noinline]] void micro_dpbf16_call(const uint16_t* xs, const uint16_t* w, int64_t K, Rows n, uint16_t* y,
                                          int64_t m, int64_t N, int64_t phase, int64_t phases) {
@@ -734,9 +734,10 @@ int32_t linear_dpbf16(const void* x, int32_t dtype, int64_t M, int64_t K, int64_
     thread_local std::vector<uint16_t> packed;
     dpbf16_steps(x16, ldx, M, K, packed);
     // MR rows (the 8-row graph's calls): one pass a tile, inlined into the loop over the tiles. A call a tile
-    // cost 4-5 % of the pass's time when the weights are in cache (Gemma 3 270M's layers at 8 rows 5.36 / 5.43
-    // -> 5.09 / 5.22 ms; 3072 x 640, one thread, 196-198 -> 188-191 us; AMD EPYC Zen 4, interleaved). Other row
-    // counts keep it: with every pass inlined, one to four rows were slower in most runs.
+    // cost 4-5 % of the pass's time when the weights are in cache (Gemma 3 270M's layers at 8 rows 5.31 / 5.86
+    // -> 5.06 / 5.56 ms; 3072 x 640, one thread, 200.8 / 205.4 -> 195.9 / 191.7 us; AMD EPYC Zen 4,
+    // interleaved; artifacts/bench/epyc-zen4/inline/). Other calls keep it: with every pass inlined, one to four
+    // rows were slower in most runs.
     if (M == MR)
       my_tiles(M, N, [&](Rows rows, auto C) { micro_dpbf16<MR, C()>(packed.data(), w16, K, rows, y16, 0, N, 0, 1); });
     else

@@ -13,12 +13,12 @@ import torch
 from exporter.compile import kernel_options
 from exporter.lowering import (
     BUSY_CPU_SHARE,
-    KNOWN_GOOD,
     LINEAR,
     NOISY_SPREAD,
     WeightShape,
     gb_per_s,
     kept,
+    known_good,
     noise_of,
     tune,
 )
@@ -146,6 +146,16 @@ def test_a_scattered_winner_is_notnoise_of():
     assert noise_of(timed) is None
 
 
+def test_noise_keeps_aotpacks_own_gemm_where_the_export_has_it():
+    """The known-good candidate of a float weight: `dpbf16` (bf16 weights, where it runs), else `dense`, else
+    the fused reduction (an export without aotpack's kernels); a quantized scheme keeps its first."""
+    assert known_good(LINEAR, {"aten": 1, "reduce": 2, "dense": 3, "tiles": 4, "dpbf16": 5}) == "dpbf16"
+    assert known_good(LINEAR, {"aten": 1, "reduce": 2, "dense": 3, "tiles": 4}) == "dense"
+    assert known_good(LINEAR, {"aten": 1, "reduce": 2}) == "reduce"
+    assert known_good(LINEAR, {"aten": 1}) == "aten"
+    assert known_good("int8", {"woq": 1, "dot": 2}) == "woq"
+
+
 @pytest.mark.parametrize(
     ("reduce_best", "share", "chosen"), [(3.0, 0.7, "dense"), (0.95, 0.7, "reduce"), (3.0, 0.3, "reduce")]
 )
@@ -189,7 +199,10 @@ def test_tuning_holds_under_load():
         for p in loads:
             p.terminate()
             p.join()
-    assert loaded.chosen == idle.chosen or (loaded.noisy and loaded.chosen == KNOWN_GOOD[LINEAR]), (idle, loaded)
+    assert loaded.chosen == idle.chosen or (loaded.noisy and loaded.chosen == known_good(LINEAR, loaded.gb_per_s)), (
+        idle,
+        loaded,
+    )
     assert idle.spread.keys() == idle.gb_per_s.keys()
 
 
