@@ -206,6 +206,12 @@ inline void micro2(const float* x, int64_t ldx, const float* pairs, const void* 
 // output is one lane-wise chain over K, then one fixed 16-lane sum, the same adds in the same order whatever
 // M, the tile or the thread (hsum's, or sums16's, which adds hsum's pairs): a row's bits do not depend on the
 // batch (they differ from the FMA path's: another order, and the instruction flushes denormals).
+// The columns of the 32-column step at k that lie before K, as a load mask: all of them but in a last,
+// partial step (K - k < 32).
+inline __mmask32 step_columns(int64_t k, int64_t K) {
+  return K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
+}
+
 template <int R, int C>
 inline void dpbf16_step(__m512 (&acc)[R][C], const uint16_t* xk, const __m512bh (&wv)[C]) {
   for (int r = 0; r < R; r++) {
@@ -309,7 +315,7 @@ template <int R, int C>
   if constexpr (R >= L2_ROWS) {
     for (int64_t k = 0; k < K; k += 32) {
       prefetch.at(k);
-      const __mmask32 take = K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
+      const __mmask32 take = step_columns(k, K);
       for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_maskz_loadu_epi16(take, wc[c] + k));
       dpbf16_step<R, C>(acc, xs + k * R, wv);
     }
@@ -321,7 +327,7 @@ template <int R, int C>
       dpbf16_step<R, C>(acc, xs + k * R, wv);
     }
     if (body < K) {
-      const __mmask32 take = __mmask32((1u << (K - body)) - 1);
+      const __mmask32 take = step_columns(body, K);
       prefetch.at(body);
       for (int c = 0; c < C; c++) wv[c] = __m512bh(_mm512_maskz_loadu_epi16(take, wc[c] + body));
       dpbf16_step<R, C>(acc, xs + body * R, wv);
@@ -649,7 +655,7 @@ void dpbf16_steps(const uint16_t* x, int64_t ldx, int64_t M, int64_t K, std::vec
     const int64_t R = std::min<int64_t>(MR, M - m0);
     uint16_t* chunk = packed.data() + m0 * padded;
     for (int64_t k = 0; k < K; k += 32) {
-      const __mmask32 take = K - k >= 32 ? ~__mmask32(0) : __mmask32((1u << (K - k)) - 1);
+      const __mmask32 take = step_columns(k, K);
       for (int64_t r = 0; r < R; r++)
         _mm512_storeu_si512(chunk + k * R + r * 32, _mm512_maskz_loadu_epi16(take, x + (m0 + r) * ldx + k));
     }
