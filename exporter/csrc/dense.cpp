@@ -564,13 +564,19 @@ void passes(const float* x, const float* pairs, int64_t M, int64_t K, const void
   }
 }
 
-// A bf16 or fp16 tile used by more than one group of rows is converted to fp32 once (a per-thread buffer
-// of C * K floats, in L1 or L2), not once per group: at 8 rows the conversions had cost as much as the
-// FMAs. The products and sums are the same either way.
+// On the pairs path a bf16 or fp16 tile used by more than one pass (calls of more than PAIR_ROWS rows) is
+// converted to fp32 once (a per-thread buffer of C * K floats, in L1 or L2), not once a pass: on the AVX-512
+// CPU it was first measured on, at 8 rows a pass the conversions had cost as much as the FMAs. On the AVX2
+// path (4 rows a pass) each pass converts for itself: the buffer was slower at every row count there.
+// Gemma 3 270M's bf16 linears, a step's worth streamed (AMD EPYC Zen 3, AVX2, 2 threads, interleaved, ms):
+// 5 rows 89 -> 51, 8 rows 112 -> 61, 16 rows 199 -> 127, 40 rows 422 -> 301; 1-4 rows do not convert
+// (artifacts/bench/epyc-zen3/). The products and sums are the same either way.
+constexpr bool CONVERT_ONCE = PAIR_ROWS > 0;
 template <int W, int C>
 void tile(const float* x, const float* pairs, int64_t M, int64_t K, const void* w, Rows n, int32_t dtype, int64_t N,
           void* y, float* converted) {
-  if (W == F32 || M <= rows_a_pass<W>(pairs)) return passes<W, C>(x, pairs, M, K, w, n, true, dtype, n, N, y);
+  if (W == F32 || !CONVERT_ONCE || M <= rows_a_pass<W>(pairs))
+    return passes<W, C>(x, pairs, M, K, w, n, true, dtype, n, N, y);
   constexpr int64_t LINE = 32;  // 2-byte elements per cache line
   const char* base = static_cast<const char*>(w);
   const Rows ahead = n.next(C);
@@ -620,7 +626,7 @@ void gemm_dense(const float* x, int64_t M, int64_t K, const void* w, int64_t N, 
 #endif
 #pragma omp parallel
   {
-    std::vector<float> converted(W == F32 ? 0 : size_t(NR * K));  // per thread, for tile()
+    std::vector<float> converted(W == F32 || !CONVERT_ONCE ? 0 : size_t(NR * K));  // per thread, for tile()
     my_tiles(M, N, [&](Rows rows, auto C) { tile<W, C()>(x, pairs, M, K, w, rows, dtype, N, y, converted.data()); });
   }
 }
